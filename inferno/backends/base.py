@@ -1,0 +1,175 @@
+"""The `Backend` protocol: the kernels GPT-2 is written against.
+
+Every kernel takes backend arrays and returns backend arrays, contiguous and row-major. A backend owns its
+array type: host NumPy arrays cross the boundary only through `from_numpy` (weights at load, token ids)
+and `to_numpy` (the logits of the position being sampled). Batch is the leading dimension everywhere.
+
+Shapes use B = batch, T = query positions in this call, L = positions in the KV cache, C = n_embd,
+H = n_head, D = C // H (head size), V = vocabulary size, P = n_positions.
+
+A backend implements the abstract kernels below. The *compositions* at the end (`mlp`,
+`self_attention`) are written in terms of the kernels; a faster backend may override them to fuse work,
+and the conformance suite checks overrides against the same float64 reference as the kernels.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+import numpy as np
+
+#: A backend's own array type (numpy.ndarray, torch.Tensor, an Array API array, ...).
+Array = Any
+
+
+class Backend(ABC):
+    """Abstract compute backend. Subclass it, implement every abstract method, register it by name."""
+
+    #: Registry name, e.g. "numpy". Lower case, no spaces.
+    name: ClassVar[str] = ""
+    #: One line for `inferno backends`.
+    description: ClassVar[str] = ""
+
+    #: The floating dtype the backend computes in, as a NumPy dtype (for tolerances in the conformance suite).
+    dtype: np.dtype = np.dtype(np.float32)
+
+    # ----------------------------------------------------------------------------------------- boundary
+
+    @abstractmethod
+    def from_numpy(self, a: np.ndarray) -> Array:
+        """Host → backend. Floating arrays become the backend's compute dtype; integer arrays stay integer."""
+
+    @abstractmethod
+    def to_numpy(self, a: Array) -> np.ndarray:
+        """Backend → host, as a NumPy array (float32 for floating data)."""
+
+    def prepare_weight(self, name: str, a: np.ndarray) -> Array:
+        """Convert one weight at load time. `name` is the Hub key, e.g. ``h.0.mlp.c_fc.weight``.
+
+        The default is `from_numpy`. A backend that wants weights in another layout (pre-split blocks,
+        a packed format) overrides this; it runs once per tensor at load, never per call.
+        """
+        return self.from_numpy(a)
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        """None when the backend can run here; otherwise one line saying why not (missing library...).
+
+        Called by `inferno backends` for the status column, without constructing the backend.
+        """
+        return None
+
+    def close(self) -> None:
+        """Release resources (worker pools, device memory). The default has none."""
+
+    # ------------------------------------------------------------------------------------------ kernels
+
+    @abstractmethod
+    def linear(self, x: Array, w: Array, b: Array | None) -> Array:
+        """``x @ w + b``. x: [..., IN]; w: [IN, OUT] (the Hub's Conv1D layout); b: [OUT] or None.
+
+        Returns [..., OUT].
+        """
+
+    @abstractmethod
+    def gelu_new(self, x: Array) -> Array:
+        """GPT-2's tanh GELU: ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``, elementwise."""
+
+    @abstractmethod
+    def layernorm(self, x: Array, gamma: Array, beta: Array, eps: float) -> Array:
+        """Layer norm over the last axis: ``(x - mean) / sqrt(var + eps) * gamma + beta``.
+
+        x: [..., C]; gamma, beta: [C]; var is the biased (population) variance.
+        """
+
+    @abstractmethod
+    def softmax(self, x: Array) -> Array:
+        """Softmax over the last axis, stable for large magnitudes (subtract the row maximum)."""
+
+    @abstractmethod
+    def add(self, a: Array, b: Array) -> Array:
+        """Elementwise ``a + b`` of two arrays of the same shape (the residual connection)."""
+
+    @abstractmethod
+    def embedding(self, wte: Array, wpe: Array, ids: Array, offset: int) -> Array:
+        """Token plus absolute position embedding.
+
+        wte: [V, C]; wpe: [P, C]; ids: [B, T] integer (from `from_numpy`); the tokens sit at positions
+        ``offset .. offset + T - 1``. Returns [B, T, C] = ``wte[ids] + wpe[offset : offset + T]``.
+        """
+
+    @abstractmethod
+    def split_heads(self, qkv: Array, n_head: int) -> tuple[Array, Array, Array]:
+        """Split the fused c_attn output into heads.
+
+        qkv: [B, T, 3C] laid out as [q | k | v]. Returns q, k, v, each [B, H, T, D].
+        """
+
+    @abstractmethod
+    def merge_heads(self, y: Array) -> Array:
+        """[B, H, T, D] → [B, T, C] (heads concatenated along the last axis)."""
+
+    @abstractmethod
+    def new_kv_cache(self, batch: int, n_head: int, length: int, head_dim: int) -> tuple[Array, Array]:
+        """Allocate one layer's key and value cache, each [B, H, L, D], zero-filled."""
+
+    @abstractmethod
+    def write_kv(
+        self, k_cache: Array, v_cache: Array, k: Array, v: Array, offset: int
+    ) -> tuple[Array, Array]:
+        """Store k, v ([B, H, T, D]) at positions ``offset .. offset + T - 1`` of the cache.
+
+        Returns the caches to use from now on: mutable backends write in place and return the same
+        arrays; immutable array libraries may return new ones.
+        """
+
+    @abstractmethod
+    def attention(self, q: Array, k_cache: Array, v_cache: Array, offset: int) -> Array:
+        """Causal scaled dot-product attention for queries at positions ``offset .. offset + T - 1``.
+
+        q: [B, H, T, D]; k_cache, v_cache: [B, H, L, D] with positions ``0 .. offset + T - 1`` valid
+        (anything beyond is ignored). Query i attends keys ``0 .. offset + i``, scores scaled by
+        1/sqrt(D). Returns [B, H, T, D]. One kernel serves prefill (offset 0, T = prompt length) and
+        cached decode (T = 1 over the whole cache).
+        """
+
+    @abstractmethod
+    def lm_head(self, x: Array, wte: Array) -> Array:
+        """Logits with the LM head tied to the token embedding: ``x @ wte.T``.
+
+        x: [..., C]; wte: [V, C] as stored (do not materialise a transposed copy). Returns [..., V].
+        """
+
+    # ------------------------------------------------------------------------------------- compositions
+
+    def mlp(self, x: Array, w_fc: Array, b_fc: Array, w_proj: Array, b_proj: Array) -> Array:
+        """The transformer MLP: ``linear(gelu_new(linear(x, w_fc, b_fc)), w_proj, b_proj)``.
+
+        x: [B, T, C]; w_fc: [C, 4C]; w_proj: [4C, C]. Returns [B, T, C].
+        """
+        return self.linear(self.gelu_new(self.linear(x, w_fc, b_fc)), w_proj, b_proj)
+
+    def self_attention(
+        self,
+        x: Array,
+        w_attn: Array,
+        b_attn: Array,
+        w_proj: Array,
+        b_proj: Array,
+        kv: tuple[Array, Array],
+        offset: int,
+        n_head: int,
+    ) -> tuple[Array, tuple[Array, Array]]:
+        """Multi-head causal self-attention with a KV cache.
+
+        x: [B, T, C] (already layer-normed); w_attn: [C, 3C]; w_proj: [C, C]; kv: this layer's
+        (k_cache, v_cache); the T new positions start at `offset`. Returns ([B, T, C], updated kv).
+        """
+        q, k, v = self.split_heads(self.linear(x, w_attn, b_attn), n_head)
+        k_cache, v_cache = self.write_kv(kv[0], kv[1], k, v, offset)
+        y = self.merge_heads(self.attention(q, k_cache, v_cache, offset))
+        return self.linear(y, w_proj, b_proj), (k_cache, v_cache)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r}>"

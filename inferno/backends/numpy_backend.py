@@ -1,0 +1,116 @@
+"""The reference backend: plain NumPy, one obvious line per kernel, BLAS for the matmuls.
+
+It is also what most users run, so it avoids needless work: matmuls on 2-D views (one BLAS call, not one
+per batch row), elementwise chains computed in place on the one buffer the kernel allocates, a KV cache
+written in place (no per-step concatenation), and the LM head read from `wte` without a transposed copy.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from inferno.backends.base import Backend
+from inferno.backends.hookspecs import hookimpl
+
+_GELU_C = math.sqrt(2.0 / math.pi)
+
+
+class NumpyBackend(Backend):
+    name = "numpy"
+    description = "Reference kernels in plain NumPy (BLAS matmuls); float32, or float64 for checks."
+
+    def __init__(self, dtype: str | np.dtype = "float32") -> None:
+        self.dtype = np.dtype(dtype)
+        if self.dtype not in (np.float32, np.float64):
+            raise ValueError(f"numpy backend: dtype must be float32 or float64, got {self.dtype}")
+
+    def from_numpy(self, a: np.ndarray) -> np.ndarray:
+        a = np.asarray(a)
+        if a.dtype.kind == "f":
+            return np.ascontiguousarray(a, dtype=self.dtype)
+        return np.ascontiguousarray(a)
+
+    def to_numpy(self, a: np.ndarray) -> np.ndarray:
+        return np.asarray(a, dtype=np.float32) if a.dtype.kind == "f" else np.asarray(a)
+
+    def linear(self, x, w, b):
+        # A 2-D matmul is one GEMM; a 3-D one would loop over the batch.
+        y = (x.reshape(-1, x.shape[-1]) @ w).reshape(*x.shape[:-1], w.shape[-1])
+        if b is not None:
+            y += b
+        return y
+
+    def gelu_new(self, x):
+        y = x * x
+        y *= x
+        y *= 0.044715
+        y += x
+        y *= _GELU_C
+        np.tanh(y, out=y)
+        y += 1.0
+        y *= x
+        y *= 0.5
+        return y
+
+    def layernorm(self, x, gamma, beta, eps):
+        y = x - x.mean(axis=-1, keepdims=True)
+        var = np.mean(y * y, axis=-1, keepdims=True)
+        y /= np.sqrt(var + eps)
+        y *= gamma
+        y += beta
+        return y
+
+    def softmax(self, x):
+        y = x - x.max(axis=-1, keepdims=True)
+        np.exp(y, out=y)
+        y /= y.sum(axis=-1, keepdims=True)
+        return y
+
+    def add(self, a, b):
+        return a + b
+
+    def embedding(self, wte, wpe, ids, offset):
+        t = ids.shape[-1]
+        return wte[ids] + wpe[offset : offset + t]
+
+    def split_heads(self, qkv, n_head):
+        b, t, c3 = qkv.shape
+        d = c3 // (3 * n_head)
+        # [B, T, 3, H, D] → [3, B, H, T, D]: views, no copy.
+        q, k, v = qkv.reshape(b, t, 3, n_head, d).transpose(2, 0, 3, 1, 4)
+        return q, k, v
+
+    def merge_heads(self, y):
+        b, h, t, d = y.shape
+        return y.transpose(0, 2, 1, 3).reshape(b, t, h * d)
+
+    def new_kv_cache(self, batch, n_head, length, head_dim):
+        shape = (batch, n_head, length, head_dim)
+        return np.zeros(shape, self.dtype), np.zeros(shape, self.dtype)
+
+    def write_kv(self, k_cache, v_cache, k, v, offset):
+        t = k.shape[2]
+        k_cache[:, :, offset : offset + t] = k
+        v_cache[:, :, offset : offset + t] = v
+        return k_cache, v_cache
+
+    def attention(self, q, k_cache, v_cache, offset):
+        t, d = q.shape[2], q.shape[3]
+        s = offset + t
+        scores = q @ k_cache[:, :, :s].swapaxes(-1, -2)  # [B, H, T, S]
+        scores *= 1.0 / math.sqrt(d)
+        if t > 1:
+            # Query i sits at position offset + i and may not see keys after it.
+            scores[..., np.triu(np.ones((t, s), dtype=bool), k=offset + 1)] = -np.inf
+        return self.softmax(scores) @ v_cache[:, :, :s]
+
+    def lm_head(self, x, wte):
+        # wte.T is a view: BLAS reads it transposed, no 150 MB copy.
+        return (x.reshape(-1, x.shape[-1]) @ wte.T).reshape(*x.shape[:-1], wte.shape[0])
+
+
+@hookimpl
+def register_backends(register) -> None:
+    register(NumpyBackend)
