@@ -1,0 +1,221 @@
+"""GPT-2 hyper-parameters, read from a Hugging Face ``config.json`` and validated up front.
+
+Everything wrong with a config is collected and reported in one :class:`ConfigError`, so a user
+fixing a hand-edited file sees every problem at once instead of one per run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass
+from typing import Any
+
+__all__ = ["ConfigError", "Gpt2Config", "DEFAULT_EOS_TOKEN_ID", "SUPPORTED_ACTIVATIONS"]
+
+# GPT-2's "<|endoftext|>"; the Hub config has it, hand-written ones often leave it out.
+DEFAULT_EOS_TOKEN_ID = 50256
+DEFAULT_BOS_TOKEN_ID = 50256
+DEFAULT_LAYER_NORM_EPSILON = 1e-5
+# The forward pass implements the tanh approximation of GELU only.
+SUPPORTED_ACTIVATIONS = ("gelu_new",)
+
+_REQUIRED_SIZES = ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head")
+
+
+class ConfigError(ValueError):
+    """A GPT-2 config that cannot be used; ``problems`` lists each one, ``source`` names the file."""
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        self.source = source
+        self.problems = list(problems)
+        if len(self.problems) == 1:
+            message = f"invalid GPT-2 config {source}: {self.problems[0]}"
+        else:
+            lines = "".join(f"\n  - {p}" for p in self.problems)
+            message = f"invalid GPT-2 config {source}: {len(self.problems)} problems:{lines}"
+        super().__init__(message)
+
+
+def _is_int(value: Any) -> bool:
+    # bool is a subclass of int in Python, but `"n_layer": true` is a mistake, not 1.
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    if len(text) > 40:
+        text = text[:37] + "..."
+    return f"{text} ({type(value).__name__})"
+
+
+def _problems(values: dict[str, Any], *, explicit: frozenset[str] = frozenset()) -> list[str]:
+    """Every problem with a full set of field values (types first, then relations between them)."""
+    problems: list[str] = []
+    good_sizes: dict[str, int] = {}
+    for key in _REQUIRED_SIZES:
+        value = values[key]
+        if not _is_int(value):
+            problems.append(f"'{key}' must be an integer, found {_describe(value)}")
+        elif value <= 0:
+            problems.append(f"'{key}' must be positive, found {value}")
+        else:
+            good_sizes[key] = value
+
+    if "n_embd" in good_sizes and "n_head" in good_sizes and good_sizes["n_embd"] % good_sizes["n_head"]:
+        problems.append(
+            f"'n_embd' ({good_sizes['n_embd']}) must be divisible by 'n_head' ({good_sizes['n_head']})"
+        )
+
+    eps = values["layer_norm_epsilon"]
+    if not (isinstance(eps, (int, float)) and not isinstance(eps, bool)):
+        problems.append(f"'layer_norm_epsilon' must be a number, found {_describe(eps)}")
+    elif not (math.isfinite(eps) and eps > 0):
+        problems.append(f"'layer_norm_epsilon' must be a positive finite number, found {eps!r}")
+
+    for key in ("bos_token_id", "eos_token_id"):
+        value = values[key]
+        if not _is_int(value):
+            problems.append(f"'{key}' must be an integer, found {_describe(value)}")
+        elif value < 0:
+            problems.append(f"'{key}' must be non-negative, found {value}")
+        elif key in explicit and "vocab_size" in good_sizes and value >= good_sizes["vocab_size"]:
+            # Only checked when the file names the id: the 50256 default must not break small test configs.
+            vocab = good_sizes["vocab_size"]
+            problems.append(f"'{key}' ({value}) must be smaller than 'vocab_size' ({vocab})")
+
+    act = values["activation_function"]
+    if not isinstance(act, str):
+        problems.append(f"'activation_function' must be a string, found {_describe(act)}")
+    elif act not in SUPPORTED_ACTIVATIONS:
+        problems.append(
+            f"'activation_function' {act!r} is not supported (supported: {', '.join(SUPPORTED_ACTIVATIONS)})"
+        )
+    return problems
+
+
+@dataclass(frozen=True)
+class Gpt2Config:
+    """The hyper-parameters the forward pass needs. Construct via :meth:`from_file` / :meth:`from_dict`.
+
+    Direct construction validates too (raising :class:`ConfigError`), so a bad config never
+    reaches the model.
+    """
+
+    vocab_size: int
+    n_positions: int
+    n_embd: int
+    n_layer: int
+    n_head: int
+    layer_norm_epsilon: float = DEFAULT_LAYER_NORM_EPSILON
+    bos_token_id: int = DEFAULT_BOS_TOKEN_ID
+    eos_token_id: int = DEFAULT_EOS_TOKEN_ID
+    activation_function: str = "gelu_new"
+
+    def __post_init__(self) -> None:
+        problems = _problems(asdict(self))
+        if problems:
+            raise ConfigError("(Gpt2Config arguments)", problems)
+        # Store a float even when given an int like 1, so arithmetic downstream is uniform.
+        object.__setattr__(self, "layer_norm_epsilon", float(self.layer_norm_epsilon))
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    @property
+    def n_inner(self) -> int:
+        """Width of the MLP's hidden layer (GPT-2 always uses 4 * n_embd)."""
+        return 4 * self.n_embd
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as a Hub-style ``config.json`` object (round-trips through :meth:`from_dict`)."""
+        d = asdict(self)
+        d["model_type"] = "gpt2"
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Any, source: str = "(dict)") -> Gpt2Config:
+        """Build from a parsed ``config.json`` object; ``source`` names it in error messages.
+
+        Unknown keys are ignored (the Hub config has many). ``n_ctx`` is ignored: ``n_positions``
+        is the context length. Keys that would change the architecture away from GPT-2 are
+        rejected rather than silently ignored.
+        """
+        if not isinstance(d, dict):
+            raise ConfigError(source, [f"expected a JSON object, found {type(d).__name__}"])
+
+        problems: list[str] = []
+        missing = [k for k in _REQUIRED_SIZES if k not in d]
+        if missing:
+            problems.append("missing key(s): " + ", ".join(f"'{k}'" for k in missing))
+
+        defaults = {
+            "layer_norm_epsilon": DEFAULT_LAYER_NORM_EPSILON,
+            "bos_token_id": DEFAULT_BOS_TOKEN_ID,
+            "eos_token_id": DEFAULT_EOS_TOKEN_ID,
+            "activation_function": "gelu_new",
+        }
+        values: dict[str, Any] = {}
+        explicit = set()
+        for key in _REQUIRED_SIZES:
+            # A placeholder for a missing key: already reported above, and passes the type checks.
+            values[key] = d.get(key, 1)
+        for key, default in defaults.items():
+            # An explicit null for a token id or epsilon means "use the default", as in transformers.
+            if d.get(key) is None:
+                values[key] = default
+            else:
+                values[key] = d[key]
+                explicit.add(key)
+
+        problems.extend(_problems(values, explicit=frozenset(explicit)))
+        problems.extend(_unsupported_architecture(d))
+        if problems:
+            raise ConfigError(source, problems)
+        return cls(**values)
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str]) -> Gpt2Config:
+        """Read and validate a ``config.json``; every failure is a :class:`ConfigError` naming the file."""
+        source = os.fspath(path)
+        try:
+            with open(path, "rb") as f:
+                raw = f.read()
+        except FileNotFoundError:
+            raise ConfigError(source, ["file not found"]) from None
+        except IsADirectoryError:
+            raise ConfigError(source, ["is a directory, expected a config.json file"]) from None
+        except OSError as e:
+            raise ConfigError(source, [f"cannot read file: {e.strerror or e}"]) from None
+        try:
+            text = raw.decode("utf-8-sig")
+        except UnicodeDecodeError as e:
+            raise ConfigError(source, [f"not UTF-8 text ({e.reason} at byte {e.start})"]) from None
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            where = f"line {e.lineno}, column {e.colno}"
+            raise ConfigError(source, [f"not valid JSON: {e.msg} ({where})"]) from None
+        return cls.from_dict(d, source=source)
+
+
+def _unsupported_architecture(d: dict[str, Any]) -> list[str]:
+    """Keys that transformers honours and that would make this model something other than GPT-2."""
+    problems = []
+    model_type = d.get("model_type")
+    if model_type is not None and model_type != "gpt2":
+        problems.append(f"'model_type' must be 'gpt2', found {model_type!r}")
+    n_inner = d.get("n_inner")
+    n_embd = d.get("n_embd")
+    if n_inner is not None and not (_is_int(n_embd) and n_inner == 4 * n_embd):
+        problems.append(f"'n_inner' {n_inner!r} is not supported (only null or 4 * n_embd)")
+    for key, required in (
+        ("scale_attn_weights", True),
+        ("scale_attn_by_inverse_layer_idx", False),
+        ("add_cross_attention", False),
+    ):
+        if key in d and d[key] is not required:
+            problems.append(f"'{key}' must be {str(required).lower()} (found {d[key]!r})")
+    return problems

@@ -1,0 +1,384 @@
+"""Load GPT-2 weights from a ``.safetensors`` file into float32 numpy arrays.
+
+We parse the safetensors header ourselves (8-byte little-endian length, then a JSON object; see
+https://github.com/huggingface/safetensors) instead of using the library, because:
+
+* the file is never memory-mapped: a file truncated while mapped kills the process with SIGBUS;
+* each tensor is read with ``readinto`` straight into its final float32 array (F16/BF16 go through
+  one temporary the size of that tensor), so the process never holds two copies of the weights;
+* every problem (bad header, offsets past the end, missing/unexpected tensors, wrong shapes,
+  unsupported dtypes) is checked against the file size and the config *before* any data is read,
+  and all of them are reported at once in one :class:`WeightsError` naming the file.
+
+Both key layouts are accepted: the Hub's ``openai-community/gpt2`` file (``wte.weight``,
+``h.0.attn.c_attn.weight``, ... plus ``h.{i}.attn.bias`` causal-mask buffers) and what
+``save_pretrained`` writes (``transformer.``-prefixed keys and a top-level ``lm_head.weight``).
+The mask buffers are skipped.
+
+``lm_head.weight``: GPT-2 ties the output projection to ``wte.weight``. When the file has an
+``lm_head.weight`` that is identical to ``wte.weight`` (after conversion to float32) it is dropped
+to save memory, so callers must treat a missing ``lm_head.weight`` as "tied to ``wte.weight``".
+A file whose ``lm_head.weight`` differs keeps it in the result.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from inferno.config import Gpt2Config
+
+__all__ = [
+    "WeightsError",
+    "TensorInfo",
+    "SafetensorsHeader",
+    "read_safetensors_header",
+    "expected_shapes",
+    "load_weights",
+    "SUPPORTED_DTYPES",
+]
+
+# Bytes per element of every dtype the safetensors format defines; only some of them can be loaded.
+_DTYPE_SIZES = {
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1,
+    "U16": 2, "I16": 2, "F16": 2, "BF16": 2,
+    "U32": 4, "I32": 4, "F32": 4,
+    "U64": 8, "I64": 8, "F64": 8,
+}  # fmt: skip
+SUPPORTED_DTYPES = ("F32", "F16", "BF16")
+# The safetensors library refuses headers above 100 MB; a real GPT-2 header is ~15 kB.
+_MAX_HEADER_BYTES = 100_000_000
+# The message lists this many problems; the exception's ``problems`` attribute keeps all of them.
+_MAX_PROBLEM_LINES = 40
+# Causal-mask buffers that older transformers versions saved with the weights; not parameters.
+_MASK_BUFFER = re.compile(r"h\.\d+\.attn\.(bias|masked_bias)")
+_PREFIX = "transformer."
+_LM_HEAD = "lm_head.weight"
+# Chunk size for comparing lm_head.weight against wte.weight without a second full copy.
+_COMPARE_CHUNK_BYTES = 4 << 20
+
+
+class WeightsError(ValueError):
+    """A weights file that cannot be used; ``problems`` lists each one, ``path`` names the file."""
+
+    def __init__(self, path: str | os.PathLike[str], problems: list[str]) -> None:
+        self.path = os.fspath(path)
+        self.problems = list(problems)
+        if len(self.problems) == 1:
+            message = f"cannot load GPT-2 weights from {self.path}: {self.problems[0]}"
+        else:
+            shown = self.problems[:_MAX_PROBLEM_LINES]
+            lines = "".join(f"\n  - {p}" for p in shown)
+            if len(self.problems) > len(shown):
+                lines += f"\n  ... and {len(self.problems) - len(shown)} more (see WeightsError.problems)"
+            message = f"cannot load GPT-2 weights from {self.path}: {len(self.problems)} problems:{lines}"
+        super().__init__(message)
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One header entry. ``start``/``end`` are absolute byte offsets in the file."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    start: int
+    end: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class SafetensorsHeader:
+    tensors: dict[str, TensorInfo]
+    metadata: dict[str, str]
+    data_start: int  # absolute offset of the data section (8 + header length)
+    file_size: int
+
+
+def _shape_str(shape: tuple[int, ...] | list[int]) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _parse_header(f: BinaryIO, path: str | os.PathLike[str], file_size: int) -> SafetensorsHeader:
+    """Parse and check the header against the real file size. Raises WeightsError listing every problem."""
+    if file_size < 8:
+        raise WeightsError(path, [f"file is {file_size} bytes, too short to be a safetensors file"])
+    header_len = int.from_bytes(_read_exact(f, 8, path, "the header length"), "little")
+    if header_len > file_size - 8:
+        raise WeightsError(
+            path,
+            [f"header length {header_len} is bigger than the rest of the file ({file_size - 8} bytes): "
+             "truncated or not a safetensors file"],
+        )
+    if header_len > _MAX_HEADER_BYTES:
+        raise WeightsError(path, [f"header length {header_len} exceeds the {_MAX_HEADER_BYTES}-byte limit"])
+    raw = _read_exact(f, header_len, path, "the header")
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        problem = f"header is not valid JSON ({e}): truncated or not a safetensors file"
+        raise WeightsError(path, [problem]) from None
+    if not isinstance(header, dict):
+        raise WeightsError(path, [f"header must be a JSON object, found {type(header).__name__}"])
+
+    data_start = 8 + header_len
+    data_size = file_size - data_start
+    problems: list[str] = []
+    metadata: dict[str, str] = {}
+    tensors: dict[str, TensorInfo] = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            if isinstance(entry, dict) and all(isinstance(v, str) for v in entry.values()):
+                metadata = dict(entry)
+            else:
+                problems.append("'__metadata__' must be an object of strings")
+            continue
+        info = _parse_entry(name, entry, data_start, data_size, problems)
+        if info is not None:
+            tensors[name] = info
+
+    # The format requires the data section to be covered exactly: no overlaps, no holes, nothing after.
+    position = data_start
+    previous = None
+    for info in sorted(tensors.values(), key=lambda t: (t.start, t.end)):
+        if info.start < position:
+            problems.append(f"tensor '{info.name}' data overlaps tensor '{previous}'")
+        elif info.start > position:
+            problems.append(
+                f"gap of {info.start - position} bytes in the data section before tensor '{info.name}'"
+            )
+        if info.end > position:
+            position, previous = info.end, info.name
+    if position < file_size and not problems:
+        problems.append(f"{file_size - position} unused bytes after the last tensor's data")
+    if problems:
+        raise WeightsError(path, problems)
+    return SafetensorsHeader(tensors=tensors, metadata=metadata, data_start=data_start, file_size=file_size)
+
+
+def _parse_entry(
+    name: str, entry: Any, data_start: int, data_size: int, problems: list[str]
+) -> TensorInfo | None:
+    if not isinstance(entry, dict):
+        problems.append(f"tensor '{name}': header entry must be an object, found {type(entry).__name__}")
+        return None
+    dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    bad = []
+    if not isinstance(dtype, str):
+        bad.append(f"'dtype' must be a string, found {dtype!r}")
+    if not (isinstance(shape, list) and all(_is_int(d) and d >= 0 for d in shape)):
+        bad.append(f"'shape' must be a list of non-negative integers, found {shape!r}")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_int(o) and o >= 0 for o in offsets)):
+        bad.append(f"'data_offsets' must be [begin, end] non-negative integers, found {offsets!r}")
+    elif offsets[0] > offsets[1]:
+        bad.append(f"'data_offsets' {offsets} has begin after end")
+    elif offsets[1] > data_size:
+        bad.append(
+            f"data_offsets {offsets} run past the end of the file (data section is {data_size} bytes): "
+            "file truncated?"
+        )
+    if bad:
+        problems.append(f"tensor '{name}': " + "; ".join(bad))
+        return None
+    begin, end = offsets
+    shape_t = tuple(shape)
+    if dtype in _DTYPE_SIZES:
+        expected = _DTYPE_SIZES[dtype] * math.prod(shape_t)
+        if end - begin != expected:
+            problems.append(
+                f"tensor '{name}': data_offsets {offsets} hold {end - begin} bytes, "
+                f"but {dtype} {_shape_str(shape_t)} needs {expected}"
+            )
+            return None
+    return TensorInfo(name=name, dtype=dtype, shape=shape_t, start=data_start + begin, end=data_start + end)
+
+
+def _read_exact(f: BinaryIO, n: int, path: str | os.PathLike[str], what: str) -> bytes:
+    data = f.read(n)
+    if len(data) != n:
+        raise WeightsError(path, [f"file ended while reading {what} (file changed while reading?)"])
+    return data
+
+
+def read_safetensors_header(path: str | os.PathLike[str]) -> SafetensorsHeader:
+    """Parse and validate a safetensors header (no tensor data is read).
+
+    Checks the header length and every tensor's offsets against the real file size, so reading any
+    tensor afterwards stays inside the file. Raises :class:`WeightsError` on any problem.
+    """
+    with _open(path) as f:
+        return _parse_header(f, path, os.fstat(f.fileno()).st_size)
+
+
+def _open(path: str | os.PathLike[str]) -> BinaryIO:
+    try:
+        # Unbuffered: readinto then goes straight from the kernel into our arrays.
+        return open(path, "rb", buffering=0)
+    except FileNotFoundError:
+        raise WeightsError(path, ["file not found"]) from None
+    except IsADirectoryError:
+        raise WeightsError(path, ["is a directory, expected a .safetensors file"]) from None
+    except OSError as e:
+        raise WeightsError(path, [f"cannot open file: {e.strerror or e}"]) from None
+
+
+def expected_shapes(config: Gpt2Config) -> dict[str, tuple[int, ...]]:
+    """Canonical tensor names (no prefix, without lm_head.weight) and their shapes for ``config``."""
+    V, P, C = config.vocab_size, config.n_positions, config.n_embd
+    shapes: dict[str, tuple[int, ...]] = {"wte.weight": (V, C), "wpe.weight": (P, C)}
+    for i in range(config.n_layer):
+        h = f"h.{i}."
+        shapes.update({
+            h + "ln_1.weight": (C,),
+            h + "ln_1.bias": (C,),
+            h + "attn.c_attn.weight": (C, 3 * C),
+            h + "attn.c_attn.bias": (3 * C,),
+            h + "attn.c_proj.weight": (C, C),
+            h + "attn.c_proj.bias": (C,),
+            h + "ln_2.weight": (C,),
+            h + "ln_2.bias": (C,),
+            h + "mlp.c_fc.weight": (C, 4 * C),
+            h + "mlp.c_fc.bias": (4 * C,),
+            h + "mlp.c_proj.weight": (4 * C, C),
+            h + "mlp.c_proj.bias": (C,),
+        })  # fmt: skip
+    shapes["ln_f.weight"] = (C,)
+    shapes["ln_f.bias"] = (C,)
+    return shapes
+
+
+def _canonical(name: str) -> str:
+    return name[len(_PREFIX):] if name.startswith(_PREFIX) else name
+
+
+def _list_names(names: list[str], limit: int = 12) -> str:
+    shown = ", ".join(f"'{n}'" for n in names[:limit])
+    return shown + (f", ... ({len(names) - limit} more)" if len(names) > limit else "")
+
+
+def _plan(header: SafetensorsHeader, config: Gpt2Config) -> tuple[dict[str, TensorInfo], list[str]]:
+    """Map canonical names to header entries and collect every mismatch with the config."""
+    expected = expected_shapes(config)
+    expected[_LM_HEAD] = (config.vocab_size, config.n_embd)
+    problems: list[str] = []
+    chosen: dict[str, TensorInfo] = {}
+    unexpected: list[str] = []
+    for info in header.tensors.values():
+        name = _canonical(info.name)
+        if _MASK_BUFFER.fullmatch(name):
+            continue
+        if name not in expected or (name == _LM_HEAD and info.name != _LM_HEAD):
+            unexpected.append(info.name)
+            continue
+        if name in chosen:
+            problems.append(f"tensor '{name}' appears twice: as '{chosen[name].name}' and as '{info.name}'")
+            continue
+        chosen[name] = info
+
+    missing = [n for n in expected if n != _LM_HEAD and n not in chosen]
+    if missing:
+        problems.append(f"missing tensors ({len(missing)}): {_list_names(missing)}")
+    if unexpected:
+        problems.append(f"unexpected tensors ({len(unexpected)}): {_list_names(sorted(unexpected))}")
+    for name, info in chosen.items():
+        if info.dtype not in SUPPORTED_DTYPES:
+            supported = ", ".join(SUPPORTED_DTYPES)
+            problems.append(
+                f"tensor '{info.name}' has unsupported dtype {info.dtype} (supported: {supported})"
+            )
+        if info.shape != expected[name]:
+            found, want = _shape_str(info.shape), _shape_str(expected[name])
+            problems.append(f"tensor '{info.name}' has shape {found}, expected {want}")
+    return chosen, problems
+
+
+def _readinto(f: BinaryIO, buf: np.ndarray, info: TensorInfo, path: str | os.PathLike[str]) -> None:
+    f.seek(info.start)
+    view = memoryview(buf).cast("B")
+    done = 0
+    while done < len(view):
+        n = f.readinto(view[done:])
+        if not n:
+            raise WeightsError(
+                path, [f"file ended while reading tensor '{info.name}' (file truncated while loading?)"]
+            )
+        done += n
+
+
+def _read_tensor(f: BinaryIO, info: TensorInfo, path: str | os.PathLike[str]) -> np.ndarray:
+    """Read one tensor as a C-contiguous float32 array (a single allocation for F32)."""
+    if info.dtype == "F32":
+        out = np.empty(info.shape, dtype="<f4")
+        _readinto(f, out, info, path)
+    elif info.dtype == "F16":
+        tmp = np.empty(info.shape, dtype="<f2")
+        _readinto(f, tmp, info, path)
+        out = tmp.astype(np.float32)
+    else:  # BF16 is the top half of a float32: widen the bits and shift them into place.
+        tmp = np.empty(info.shape, dtype="<u2")
+        _readinto(f, tmp, info, path)
+        bits = tmp.astype(np.uint32)
+        del tmp
+        bits <<= 16
+        out = bits.view(np.float32)
+    if out.dtype != np.float32:  # big-endian host: the file is always little-endian
+        out = out.astype(np.float32)
+    return out
+
+
+def _same_as(f: BinaryIO, info: TensorInfo, reference: np.ndarray, path: str | os.PathLike[str]) -> bool:
+    """Whether a [V, C] tensor in the file equals ``reference``, reading it a few rows at a time."""
+    rows = info.shape[0]
+    row_bytes = _DTYPE_SIZES[info.dtype] * math.prod(info.shape[1:])
+    step = max(1, _COMPARE_CHUNK_BYTES // max(1, row_bytes))
+    for r0 in range(0, rows, step):
+        r1 = min(rows, r0 + step)
+        part = TensorInfo(info.name, info.dtype, (r1 - r0, *info.shape[1:]),
+                          info.start + r0 * row_bytes, info.start + r1 * row_bytes)  # fmt: skip
+        if not np.array_equal(_read_tensor(f, part, path), reference[r0:r1]):
+            return False
+    return True
+
+
+def load_weights(path: str | os.PathLike[str], config: Gpt2Config) -> dict[str, np.ndarray]:
+    """Load every GPT-2 parameter from a safetensors file as float32, C-contiguous numpy arrays.
+
+    Keys are canonical Hub names without prefix (``wte.weight``, ``h.0.attn.c_attn.weight``, ...;
+    see :func:`expected_shapes`). Linear weights keep the Hub's Conv1D layout ``[in, out]``.
+    ``lm_head.weight`` is present only when the file has one that differs from ``wte.weight``;
+    otherwise the head is tied to ``wte.weight``.
+
+    F32, F16 and BF16 storage are supported. Raises :class:`WeightsError` listing every problem
+    (malformed file, missing/unexpected tensors, shape or dtype mismatches) before reading any data.
+    """
+    if not isinstance(config, Gpt2Config):
+        raise TypeError(f"config must be a Gpt2Config, not {type(config).__name__}")
+    with _open(path) as f:
+        header = _parse_header(f, path, os.fstat(f.fileno()).st_size)
+        chosen, problems = _plan(header, config)
+        if problems:
+            raise WeightsError(path, problems)
+
+        weights: dict[str, np.ndarray] = {}
+        lm_head = chosen.pop(_LM_HEAD, None)
+        # In file order, so the reads are sequential.
+        for name, info in sorted(chosen.items(), key=lambda item: item[1].start):
+            weights[name] = _read_tensor(f, info, path)
+        if lm_head is not None and not _same_as(f, lm_head, weights["wte.weight"], path):
+            weights[_LM_HEAD] = _read_tensor(f, lm_head, path)
+    # Canonical order (embeddings, blocks, final norm) reads better when inspected.
+    order = {name: i for i, name in enumerate(expected_shapes(config))}
+    return {name: weights[name] for name in sorted(weights, key=lambda n: order.get(n, len(order)))}
