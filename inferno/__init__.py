@@ -1,3 +1,39 @@
-"""inferno: GPT-2 (124M) text generation on the CPU with pluggable compute backends."""
+"""inferno: GPT-2 (124M) text generation on the CPU with pluggable compute backends.
+
+    import inferno
+    model = inferno.load()
+    print(model.generate("The quick brown fox", max_new_tokens=20).text)
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
+
+__all__ = ["Backend", "GenerationResult", "Gpt2Config", "Pipeline", "Tokenizer", "load", "__version__"]
+
+# Imported lazily so that `import inferno` (and `inferno --help`) stays cheap.
+_LAZY = {
+    "load": "inferno.api",
+    "Pipeline": "inferno.api",
+    "GenerationResult": "inferno.generate",
+    "Gpt2Config": "inferno.config",
+    "Tokenizer": "inferno.tokenizer",
+    "Backend": "inferno.backends.base",
+}
+
+if TYPE_CHECKING:
+    from inferno.api import Pipeline, load
+    from inferno.backends.base import Backend
+    from inferno.config import Gpt2Config
+    from inferno.generate import GenerationResult
+    from inferno.tokenizer import Tokenizer
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'inferno' has no attribute {name!r}")

@@ -1,0 +1,5 @@
+import sys
+
+from inferno.cli import main
+
+sys.exit(main())

@@ -1,0 +1,192 @@
+"""The `inferno` command: generate text, or run a subcommand (`inferno backends`, `inferno bench`).
+
+    inferno "The quick brown fox" --max-new-tokens 50
+    inferno --preset sample --seed 1 "Once upon a time"
+    inferno backends --json
+    inferno -- backends            # generate from the prompt "backends"
+
+Bad flags and bad files end with one line on stderr and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+from inferno import __version__
+
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+class CliError(Exception):
+    """A problem the user can fix; printed as one line, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line instead of usage + message
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _number(kind: type, check: Callable[[float], bool], expected: str) -> Callable[[str], float]:
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if not check(value):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return value
+
+    parse.__name__ = expected  # argparse shows this name in its messages
+    return parse
+
+
+_temperature = _number(float, lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0")
+_top_p = _number(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
+_non_negative = _number(int, lambda v: v >= 0, "an integer >= 0")
+_any_int = _number(int, lambda v: True, "an integer")
+
+
+def _generate_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="inferno",
+        description="Generate text with GPT-2 (124M) on the CPU.",
+        epilog="Subcommands: 'inferno backends [--json]' lists compute backends; 'inferno bench' measures "
+        "them. To use a subcommand's name as the prompt, put it after '--': inferno -- backends",
+    )
+    p.add_argument("prompt", nargs="?", default="", help="prompt text (empty: unconditional generation)")
+    p.add_argument("--model-dir", help="folder with config.json, model.safetensors, tokenizer.json "
+                   "(default: ./gpt2, then the Hugging Face cache, then a download)")
+    p.add_argument("--backend", help="compute backend, optionally with options: NAME[:key=value,...] "
+                   "(default: $INFERNO_BACKEND or numpy; see 'inferno backends')")
+    p.add_argument("--max-new-tokens", type=_non_negative, default=50, help="tokens to generate (default 50)")
+    p.add_argument("--temperature", type=_temperature, help="0 = greedy (default); higher = more random")
+    p.add_argument("--top-k", type=_non_negative, help="sample from the k most likely tokens (0 = off)")
+    p.add_argument("--top-p", type=_top_p, help="nucleus sampling mass in (0, 1] (1 = off)")
+    p.add_argument("--seed", type=_any_int, help="random seed: the same seed gives the same text")
+    p.add_argument("--preset", choices=["greedy", "sample"],
+                   help="sample = temperature 0.8 + top-k 40; explicit flags override it")
+    p.add_argument("--ignore-eos", action="store_true", help="keep generating past <|endoftext|>")
+    p.add_argument("--show-ids", action="store_true", help="print the prompt and generated token ids")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    p.add_argument("--version", action="version", version=f"inferno {__version__}")
+    return p
+
+
+def _sampling_kwargs(args: argparse.Namespace) -> dict:
+    from inferno.sampling import PRESETS
+
+    chosen = dict(PRESETS[args.preset or "greedy"])
+    for name in ("temperature", "top_k", "top_p"):
+        if getattr(args, name) is not None:
+            chosen[name] = getattr(args, name)
+    return {**chosen, "seed": args.seed, "max_new_tokens": args.max_new_tokens,
+            "stop_at_eos": not args.ignore_eos}
+
+
+def _run_generate(argv: Sequence[str]) -> int:
+    args = _generate_parser().parse_args(argv)
+    kwargs = _sampling_kwargs(args)
+
+    import inferno
+
+    pipe = inferno.load(args.model_dir, args.backend)
+    stream = pipe.tokens(args.prompt, **kwargs)
+    decoder = pipe.tokenizer.incremental_decoder()
+    ids: list[int] = []
+    start = time.perf_counter()
+    try:
+        for token in stream:
+            ids.append(token)
+            if args.json or token in stream.stop_ids:
+                continue
+            sys.stdout.write(decoder.feed(token))
+            sys.stdout.flush()
+    except KeyboardInterrupt:
+        sys.stdout.write(decoder.flush())
+        sys.stdout.flush()
+        print(f"\n[interrupted after {len(ids)} new tokens]", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    seconds = time.perf_counter() - start
+    rate = len(ids) / seconds if seconds > 0 else 0.0
+    finish = stream.finish_reason or "length"
+
+    if args.json:
+        text_ids = ids[:-1] if finish == "stop" else ids
+        print(json.dumps({
+            "prompt_ids": stream.prompt_ids, "ids": ids, "text": pipe.tokenizer.decode(text_ids),
+            "finish_reason": finish, "backend": pipe.backend.name, "new_tokens": len(ids),
+            "seconds": round(seconds, 6), "tokens_per_second": round(rate, 3),
+        }, ensure_ascii=False))
+        return 0
+    sys.stdout.write(decoder.flush() + "\n")
+    sys.stdout.flush()
+    if args.show_ids:
+        print(f"prompt ids: {stream.prompt_ids}", file=sys.stderr)
+        print(f"new ids:    {ids}", file=sys.stderr)
+    print(f"[{len(ids)} new tokens in {seconds:.2f}s, {rate:.1f} tok/s]", file=sys.stderr)
+    return 0
+
+
+def _run_backends(argv: Sequence[str]) -> int:
+    p = _Parser(prog="inferno backends", description="List the compute backends and whether they can run.")
+    p.add_argument("--json", action="store_true", help="print a JSON list of objects")
+    args = p.parse_args(argv)
+
+    from dataclasses import asdict
+
+    from inferno.backends.registry import default_backend_name, list_backends
+
+    infos = list_backends()
+    if args.json:
+        print(json.dumps([asdict(i) for i in infos], indent=2))
+        return 0
+    default = default_backend_name()
+    rows = [("name", "status", "origin", "description")]
+    for i in infos:
+        origin = i.origin if i.origin == "built-in" else f"{i.origin} {i.version}".strip()
+        mark = " (default)" if i.name == default else ""
+        rows.append((i.name + mark, i.status, origin, i.description))
+    widths = [max(len(r[c]) for r in rows) for c in range(3)]
+    for r in rows:
+        print("  ".join(r[c].ljust(widths[c]) for c in range(3)) + "  " + r[3])
+    return 0
+
+
+SUBCOMMANDS: dict[str, Callable[[Sequence[str]], int]] = {"backends": _run_backends}
+
+
+def _register_bench() -> None:
+    try:
+        from inferno.bench import run_bench_cli
+    except ImportError:
+        return
+    SUBCOMMANDS["bench"] = run_bench_cli
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    _register_bench()
+    try:
+        if argv and argv[0] in SUBCOMMANDS:
+            return SUBCOMMANDS[argv[0]](argv[1:])
+        return _run_generate(argv)
+    except KeyboardInterrupt:
+        print("\n[interrupted]", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        return 0
+    except (CliError, ValueError, FileNotFoundError, RuntimeError, OSError) as exc:
+        # Our loaders raise these with messages that name the file, tensor, key or flag.
+        message = " ".join(str(exc).split("\n"))
+        print(f"inferno: error: {message}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""The generation loop: prefill the prompt, then one cached decode step per new token.
+
+`generate_tokens` yields token ids as they are chosen and leaves the finish reason on the iterator:
+"stop" when a stop id (by default ``<|endoftext|>``) was produced, "length" when `max_new_tokens` or the
+model's context (n_positions) ran out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from inferno.model import Gpt2
+from inferno.sampling import Sampler, SamplingParams
+
+
+class ContextLengthError(ValueError):
+    """The prompt does not fit the model's context window."""
+
+
+@dataclass
+class GenerationResult:
+    prompt_ids: list[int]
+    ids: list[int]  # the new ids, including the stop id when finish_reason is "stop"
+    text: str  # the decoded new text, without the stop token
+    finish_reason: str  # "stop" or "length"
+    seconds: float = 0.0
+    backend: str = ""
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.ids)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass
+class TokenStream:
+    """Iterator over new token ids; `finish_reason` is set once it is exhausted."""
+
+    model: Gpt2
+    prompt_ids: list[int]
+    max_new_tokens: int
+    params: SamplingParams = field(default_factory=SamplingParams)
+    stop_ids: frozenset[int] = frozenset()
+    finish_reason: str | None = None
+
+    def __iter__(self) -> Iterator[int]:
+        n_pos = self.model.config.n_positions
+        prompt = self.prompt_ids
+        # The sequence (prompt + new tokens) may not exceed the context window.
+        budget = min(self.max_new_tokens, n_pos - len(prompt))
+        if budget <= 0:
+            self.finish_reason = "length"
+            return
+        sample = Sampler(self.params)
+        # The last new token is never fed back, so the cache needs room for one position less.
+        cache = self.model.new_cache(1, len(prompt) + budget - 1 if budget > 1 else len(prompt))
+        logits = self.model.forward(np.asarray([prompt]), cache)
+        for step in range(budget):
+            token = sample(self.model.backend.to_numpy(logits)[0])
+            yield token
+            if token in self.stop_ids:
+                self.finish_reason = "stop"
+                return
+            if step + 1 < budget:
+                logits = self.model.forward(np.asarray([[token]]), cache)
+        self.finish_reason = "length"
+
+
+def check_prompt(prompt_ids: Sequence[int], n_positions: int) -> None:
+    if len(prompt_ids) > n_positions:
+        raise ContextLengthError(
+            f"the prompt is {len(prompt_ids)} tokens long but the model's context holds {n_positions}"
+        )
+
+
+def generate_tokens(
+    model: Gpt2,
+    prompt_ids: Sequence[int],
+    max_new_tokens: int,
+    params: SamplingParams | None = None,
+    stop_ids: Iterable[int] = (),
+) -> TokenStream:
+    """Stream new token ids for one prompt (batch 1). Validates the prompt and the budget first."""
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+    prompt = [int(i) for i in prompt_ids]
+    if not prompt:
+        raise ValueError("the prompt has no tokens (start from <|endoftext|> for unconditional text)")
+    vocab = model.config.vocab_size
+    bad = [i for i in prompt if not 0 <= i < vocab]
+    if bad:
+        raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab})")
+    check_prompt(prompt, model.config.n_positions)
+    return TokenStream(model, prompt, max_new_tokens, params or SamplingParams(), frozenset(stop_ids))

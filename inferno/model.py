@@ -1,0 +1,117 @@
+"""GPT-2, written once against the `Backend` protocol.
+
+    x = wte[ids] + wpe[positions]
+    for each block:  x = x + attn(ln_1(x))      (causal, multi-head, KV-cached)
+                     x = x + mlp(ln_2(x))       (c_fc → gelu_new → c_proj)
+    logits = ln_f(x) @ wte.T                    (the LM head is tied to the token embedding)
+
+The model holds its weights as backend arrays (converted once, here) and never touches NumPy itself,
+apart from the token ids it hands to the backend.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from inferno.backends.base import Array, Backend
+from inferno.config import Gpt2Config
+
+
+@dataclass
+class Block:
+    ln_1_g: Array
+    ln_1_b: Array
+    attn_w: Array
+    attn_b: Array
+    attn_proj_w: Array
+    attn_proj_b: Array
+    ln_2_g: Array
+    ln_2_b: Array
+    fc_w: Array
+    fc_b: Array
+    proj_w: Array
+    proj_b: Array
+
+
+@dataclass
+class KvCache:
+    """Keys and values of every layer for `length` positions, room for `capacity`."""
+
+    layers: list[tuple[Array, Array]]
+    capacity: int
+    length: int = 0
+
+
+@dataclass
+class Gpt2:
+    config: Gpt2Config
+    backend: Backend
+    wte: Array
+    wpe: Array
+    blocks: list[Block]
+    ln_f_g: Array
+    ln_f_b: Array
+    lm_head_w: Array  # wte itself unless the file carries its own lm_head.weight
+
+    @classmethod
+    def from_weights(cls, config: Gpt2Config, weights: dict[str, np.ndarray], backend: Backend) -> Gpt2:
+        """Convert host weights (canonical Hub names, see `inferno.weights`) to backend arrays, once."""
+
+        def w(name: str) -> Array:
+            return backend.prepare_weight(name, weights[name])
+
+        blocks = []
+        for i in range(config.n_layer):
+            p = f"h.{i}."
+            blocks.append(
+                Block(
+                    *(w(p + n) for n in ("ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
+                                         "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias",
+                                         "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias"))
+                )
+            )
+        wte = w("wte.weight")
+        lm_head = w("lm_head.weight") if "lm_head.weight" in weights else wte
+        return cls(config, backend, wte, w("wpe.weight"), blocks, w("ln_f.weight"), w("ln_f.bias"), lm_head)
+
+    def new_cache(self, batch: int = 1, capacity: int | None = None) -> KvCache:
+        """An empty KV cache for `batch` sequences of up to `capacity` (default n_positions) tokens."""
+        capacity = self.config.n_positions if capacity is None else capacity
+        c = self.config
+        layers = [self.backend.new_kv_cache(batch, c.n_head, capacity, c.head_dim) for _ in range(c.n_layer)]
+        return KvCache(layers, capacity)
+
+    def forward(self, ids: np.ndarray, cache: KvCache | None = None, *, all_logits: bool = False) -> Array:
+        """Run `ids` ([B, T] ints, or [T]) through the model, appending them to `cache`.
+
+        Returns logits [B, V] for the last position (what generation needs), or [B, T, V] when
+        `all_logits`. Without a cache, a temporary one of exactly T positions is used.
+        """
+        be, c = self.backend, self.config
+        ids = np.asarray(ids, dtype=np.int64)
+        if ids.ndim == 1:
+            ids = ids[None, :]
+        t = ids.shape[1]
+        if cache is None:
+            cache = self.new_cache(ids.shape[0], t)
+        offset = cache.length
+        if offset + t > cache.capacity:
+            raise ValueError(f"{offset + t} positions do not fit a KV cache of {cache.capacity}")
+
+        x = be.embedding(self.wte, self.wpe, be.from_numpy(ids), offset)
+        for i, blk in enumerate(self.blocks):
+            h = be.layernorm(x, blk.ln_1_g, blk.ln_1_b, c.layer_norm_epsilon)
+            h, cache.layers[i] = be.self_attention(
+                h, blk.attn_w, blk.attn_b, blk.attn_proj_w, blk.attn_proj_b, cache.layers[i], offset, c.n_head
+            )
+            x = be.add(x, h)
+            h = be.layernorm(x, blk.ln_2_g, blk.ln_2_b, c.layer_norm_epsilon)
+            x = be.add(x, be.mlp(h, blk.fc_w, blk.fc_b, blk.proj_w, blk.proj_b))
+        cache.length = offset + t
+
+        if not all_logits:
+            x = x[:, t - 1]  # only the last position is sampled: skip the LM head for the rest
+        x = be.layernorm(x, self.ln_f_g, self.ln_f_b, c.layer_norm_epsilon)
+        return be.lm_head(x, self.lm_head_w)

@@ -1,0 +1,69 @@
+"""Choosing the next token from one row of logits: greedy, temperature, top-k, top-p; seeded."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+#: Named settings for the CLI's --preset (``sample`` is the seed project's ``just sample``).
+PRESETS: dict[str, dict[str, float | int]] = {
+    "greedy": {"temperature": 0.0, "top_k": 0, "top_p": 1.0},
+    "sample": {"temperature": 0.8, "top_k": 40, "top_p": 1.0},
+}
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """temperature 0 means greedy; top_k 0 and top_p 1 mean "no cut"."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        t, k, p = self.temperature, self.top_k, self.top_p
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+            raise ValueError(f"temperature must be a finite number >= 0, got {t!r}")
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {k!r}")
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not (0.0 < p <= 1.0):
+            raise ValueError(f"top_p must be in (0, 1], got {p!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+class Sampler:
+    """Picks token ids; the same params and seed give the same choices for the same logits."""
+
+    def __init__(self, params: SamplingParams | None = None) -> None:
+        self.params = params or SamplingParams()
+        self.rng = np.random.default_rng(self.params.seed)
+
+    def __call__(self, logits: np.ndarray) -> int:
+        p = self.params
+        logits = np.asarray(logits)
+        if p.greedy:
+            return int(np.argmax(logits))
+        # Work in float64 so that top-p sums and the draw do not depend on float32 rounding.
+        z = logits.astype(np.float64) / p.temperature
+        ids = np.arange(z.shape[0])
+        if 0 < p.top_k < z.shape[0]:
+            ids = np.argpartition(-z, p.top_k - 1)[: p.top_k]
+        # Candidates by descending logit; ties broken by id so the order is reproducible.
+        ids = ids[np.lexsort((ids, -z[ids]))]
+        probs = np.exp(z[ids] - z[ids[0]])
+        probs /= probs.sum()
+        if p.top_p < 1.0:
+            # Keep the smallest prefix whose mass reaches top_p, including the token that crosses it.
+            keep = int(np.searchsorted(np.cumsum(probs), p.top_p)) + 1
+            ids, probs = ids[:keep], probs[:keep] / probs[:keep].sum()
+        cdf = np.cumsum(probs)
+        i = int(np.searchsorted(cdf, self.rng.random() * cdf[-1], side="right"))
+        return int(ids[min(i, len(ids) - 1)])
