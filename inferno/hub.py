@@ -1,0 +1,315 @@
+"""Finding the GPT-2 model files: an explicit directory, ./gpt2, the Hugging Face cache, or a download.
+
+The download uses only the standard library (urllib) and fetches exactly the three files inferno
+needs from ``{HF_ENDPOINT or https://huggingface.co}/openai-community/gpt2/resolve/main/<file>``.
+Each file is streamed to ``<file>.part`` and moved into place only when complete, so an
+interrupted download never leaves a truncated model.safetensors, and a file the user already has
+is never overwritten.
+
+Progress: with ``progress=True`` a live bar (MB and %) is drawn on stderr when stderr is a
+terminal; otherwise one line is printed when each file starts and one when it is done, so logs
+still say what happened without being flooded.
+
+Offline: ``HF_HUB_OFFLINE`` or ``INFERNO_OFFLINE`` set to 1/true/yes/on means no request is made.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import shlex
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterable
+from pathlib import Path
+from typing import IO
+
+__all__ = [
+    "REPO_ID",
+    "REQUIRED_FILES",
+    "ModelFilesMissing",
+    "resolve_model_dir",
+    "hf_cache_dir",
+    "find_cached_snapshot",
+    "is_offline",
+    "download_files",
+]
+
+REPO_ID = "openai-community/gpt2"
+REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json")
+DEFAULT_ENDPOINT = "https://huggingface.co"
+LOCAL_DIR = "gpt2"
+CONNECT_TIMEOUT_S = 10.0
+_CHUNK = 1 << 20
+_TRUE = {"1", "true", "yes", "on"}
+
+
+class ModelFilesMissing(FileNotFoundError):
+    """The model files are not available; ``str()`` is one line saying what is missing, where we
+    looked, why a download did not happen or failed, and the command that fetches them."""
+
+    def __init__(
+        self,
+        missing: Iterable[str],
+        searched: Iterable[str | os.PathLike[str]],
+        *,
+        target: str | os.PathLike[str] = LOCAL_DIR,
+        reason: str | None = None,
+    ) -> None:
+        self.missing = list(missing)
+        self.searched = [os.fspath(p) for p in searched]
+        self.target = os.fspath(target)
+        self.reason = reason
+        # A single argument keeps OSError from formatting it as "[Errno ...]".
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        command = (
+            f"hf download {REPO_ID} --include {' '.join(self.missing)} --local-dir {shlex.quote(self.target)}"
+        )
+        parts = [
+            f"GPT-2 model file(s) missing: {', '.join(self.missing)}",
+            f"looked in {', '.join(self.searched)}",
+        ]
+        if self.reason:
+            parts.append(" ".join(self.reason.split()))  # one line, whatever the network library said
+        parts.append(f"fetch them with: {command}")
+        return "; ".join(parts)
+
+    def __str__(self) -> str:
+        return self._message()
+
+
+def _env_true(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in _TRUE
+
+
+def is_offline() -> bool:
+    """Whether downloads are disabled (HF_HUB_OFFLINE or INFERNO_OFFLINE)."""
+    return _env_true("HF_HUB_OFFLINE") or _env_true("INFERNO_OFFLINE")
+
+
+def _offline_reason() -> str:
+    names = [n for n in ("HF_HUB_OFFLINE", "INFERNO_OFFLINE") if _env_true(n)]
+    return f"not downloading: offline ({' and '.join(f'{n}={os.environ[n]}' for n in names)})"
+
+
+def hf_cache_dir() -> Path:
+    """The Hugging Face hub cache, resolved the way huggingface_hub does."""
+    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        if os.environ.get(var):
+            return Path(os.environ[var]).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "huggingface" / "hub"
+
+
+def _missing(directory: Path) -> list[str]:
+    # is_file() follows symlinks, so a cache entry pointing at a deleted blob counts as missing.
+    return [name for name in REQUIRED_FILES if not (directory / name).is_file()]
+
+
+def find_cached_snapshot(cache_dir: str | os.PathLike[str] | None = None) -> Path | None:
+    """A snapshot of openai-community/gpt2 in the HF cache holding all required files, or None.
+
+    Prefers the revision named by ``refs/main``; otherwise the newest complete snapshot.
+    """
+    repo_dir = Path(cache_dir) if cache_dir is not None else hf_cache_dir()
+    repo_dir = repo_dir / ("models--" + REPO_ID.replace("/", "--"))
+    snapshots = repo_dir / "snapshots"
+    try:
+        revision = (repo_dir / "refs" / "main").read_text().strip()
+    except OSError:
+        revision = ""
+    if revision and "/" not in revision and not _missing(snapshots / revision):
+        return snapshots / revision
+    try:
+        candidates = [p for p in snapshots.iterdir() if p.is_dir() and not _missing(p)]
+    except OSError:
+        return None
+    if not candidates:
+        return None
+    return max(candidates, key=lambda p: p.stat().st_mtime)
+
+
+def resolve_model_dir(
+    model_dir: str | os.PathLike[str] | None = None,
+    *,
+    download: bool = True,
+    progress: bool = True,
+) -> Path:
+    """The directory holding config.json, model.safetensors and tokenizer.json.
+
+    1. ``model_dir`` if given (missing files are downloaded into it when allowed);
+    2. else ``./gpt2`` if complete;
+    3. else a complete snapshot of openai-community/gpt2 in the Hugging Face cache;
+    4. else the missing files are downloaded into ``./gpt2`` (unless ``download=False`` or offline).
+
+    Raises :class:`ModelFilesMissing` (one line) when none of that works.
+    """
+    if model_dir is not None:
+        target = Path(model_dir).expanduser().absolute()
+        searched = [target]
+    else:
+        target = Path(LOCAL_DIR).absolute()
+        if not _missing(target):
+            return target
+        cache = hf_cache_dir()
+        snapshot = find_cached_snapshot(cache)
+        if snapshot is not None:
+            return snapshot
+        searched = [target, cache / ("models--" + REPO_ID.replace("/", "--")) / "snapshots"]
+
+    missing = _missing(target)
+    if not missing:
+        return target
+    shown_target = os.fspath(model_dir) if model_dir is not None else LOCAL_DIR
+    if not download:
+        reason = "downloading disabled"
+    elif is_offline():
+        reason = _offline_reason()
+    else:
+        try:
+            download_files(missing, target, progress=progress)
+            return target
+        except (OSError, http.client.HTTPException, ValueError) as e:
+            # URLError/HTTPError/timeouts are OSErrors; a short body is IncompleteRead; a bad
+            # HF_ENDPOINT is a ValueError.
+            reason = f"download failed: {_describe_error(e)}"
+    raise ModelFilesMissing(missing, searched, target=shown_target, reason=reason) from None
+
+
+def _endpoint() -> str:
+    return (os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
+
+
+def _describe_error(e: Exception) -> str:
+    if isinstance(e, urllib.error.HTTPError):
+        return f"HTTP {e.code} {e.reason} for {e.url}"
+    if isinstance(e, urllib.error.URLError):
+        return f"{e.reason} ({getattr(e, 'url', '') or _endpoint()})"
+    return str(e) or type(e).__name__
+
+
+class _DownloadError(OSError):
+    pass
+
+
+def download_files(
+    names: Iterable[str], directory: str | os.PathLike[str], *, progress: bool = True
+) -> list[Path]:
+    """Download ``names`` from openai-community/gpt2 into ``directory`` (created if needed).
+
+    Files already present are left untouched. Raises OSError (urllib's errors included) on failure,
+    leaving no ``.part`` file behind.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    done = []
+    for name in names:
+        if name not in REQUIRED_FILES:
+            raise ValueError(f"{name!r} is not one of the model files {REQUIRED_FILES}")
+        dest = directory / name
+        if not dest.exists():
+            _download_one(f"{_endpoint()}/{REPO_ID}/resolve/main/{name}", dest, progress)
+        done.append(dest)
+    return done
+
+
+def _download_one(url: str, dest: Path, progress: bool) -> None:
+    part = dest.with_name(dest.name + ".part")
+    request = urllib.request.Request(url, headers={"User-Agent": "inferno (urllib)"})
+    bar = _Progress(dest.name, url, sys.stderr) if progress else None
+    try:
+        with urllib.request.urlopen(request, timeout=CONNECT_TIMEOUT_S) as response:
+            length = response.headers.get("Content-Length")
+            total = int(length) if length and length.isdigit() else None
+            if bar:
+                bar.start(total)
+            received = 0
+            # A stale .part from an interrupted run is simply overwritten.
+            with open(part, "wb") as out:
+                while chunk := response.read(_CHUNK):
+                    out.write(chunk)
+                    received += len(chunk)
+                    if bar:
+                        bar.update(received)
+                if total is not None and received != total:
+                    raise _DownloadError(f"connection closed after {received} of {total} bytes of {url}")
+                out.flush()
+                os.fsync(out.fileno())
+        _move_into_place(part, dest)
+        if bar:
+            bar.finish(received)
+    except BaseException:
+        # Covers network errors and Ctrl-C alike: nothing half-written is left behind.
+        part.unlink(missing_ok=True)
+        if bar:
+            bar.abort()
+        raise
+
+
+def _move_into_place(part: Path, dest: Path) -> None:
+    """Rename ``part`` to ``dest`` atomically without ever replacing an existing ``dest``."""
+    try:
+        os.link(part, dest)  # fails if dest exists, unlike rename
+    except FileExistsError:
+        pass  # someone else put it there meanwhile: theirs wins
+    except OSError:
+        # Filesystems without hard links: a plain rename, after checking.
+        if not dest.exists():
+            os.replace(part, dest)
+            return
+    part.unlink(missing_ok=True)
+
+
+class _Progress:
+    """A text progress bar on a terminal; start/finish lines otherwise."""
+
+    def __init__(self, name: str, url: str, stream: IO[str]) -> None:
+        self.name, self.url, self.stream = name, url, stream
+        self.live = hasattr(stream, "isatty") and stream.isatty()
+        self.total: int | None = None
+        self.last = 0.0
+        self.drawn = False
+
+    def start(self, total: int | None) -> None:
+        self.total = total
+        if not self.live:
+            size = f" ({total / 1e6:.1f} MB)" if total is not None else ""
+            print(f"downloading {self.url}{size}", file=self.stream, flush=True)
+
+    def update(self, received: int) -> None:
+        now = time.monotonic()
+        if not self.live or now - self.last < 0.1:
+            return
+        self.last = now
+        mb = received / 1e6
+        if self.total:
+            frac = min(1.0, received / self.total)
+            filled = int(frac * 30)
+            bar = "#" * filled + "." * (30 - filled)
+            line = f"{self.name} [{bar}] {mb:.1f}/{self.total / 1e6:.1f} MB {frac:4.0%}"
+        else:
+            line = f"{self.name} {mb:.1f} MB"
+        self.stream.write("\r" + line)
+        self.stream.flush()
+        self.drawn = True
+
+    def finish(self, received: int) -> None:
+        if self.live:
+            self.last = 0.0
+            self.update(received)
+            self.stream.write("\n")
+            self.stream.flush()
+        else:
+            print(f"downloaded {self.name} ({received / 1e6:.1f} MB)", file=self.stream, flush=True)
+
+    def abort(self) -> None:
+        if self.drawn:
+            self.stream.write("\n")
+            self.stream.flush()

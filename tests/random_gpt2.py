@@ -1,0 +1,286 @@
+"""Seeded random GPT-2 models at small shapes, written the way real checkpoints are.
+
+Shared test helper (import it as ``from random_gpt2 import ...``; pytest puts ``tests/`` on
+``sys.path``). Every tensor is random, biases and layer-norm gains/biases included, so dropping or
+swapping any tensor changes the logits.
+
+* :func:`small_config` - a small :class:`Gpt2Config` (every size can be overridden).
+* :func:`random_state_dict` - ``{canonical name: float32 array}`` in the Hub's key layout.
+* :func:`write_hub_safetensors` - the file as the Hub ships ``openai-community/gpt2``: no prefix,
+  ``h.{i}.attn.bias`` mask buffers ``[1, 1, P, P]`` (optionally ``h.{i}.attn.masked_bias``),
+  no ``lm_head.weight``.
+* :func:`write_save_pretrained_safetensors` - ``transformer.``-prefixed keys plus a tied
+  top-level ``lm_head.weight``.
+* :func:`write_config` - a matching Hub-style ``config.json``.
+* :func:`make_model_dir` - config.json + model.safetensors in one directory.
+* :func:`stored_values` - what the arrays become after storage in F16/BF16 (the loader's expected output).
+
+Storage dtypes are ``"F32"``, ``"F16"`` and ``"BF16"``. F32/F16 files are written by
+``safetensors.numpy.save_file``; numpy has no bfloat16, so BF16 files go through
+:func:`write_safetensors_raw`, a minimal writer that is also handy for crafting broken files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from safetensors.numpy import save_file
+
+from inferno.config import Gpt2Config
+
+DTYPES = ("F32", "F16", "BF16")
+
+
+def small_config(
+    *,
+    vocab_size: int = 64,
+    n_positions: int = 16,
+    n_embd: int = 16,
+    n_layer: int = 2,
+    n_head: int = 2,
+    layer_norm_epsilon: float = 1e-5,
+    bos_token_id: int | None = None,
+    eos_token_id: int | None = None,
+) -> Gpt2Config:
+    """A small config; bos/eos default to the last token id (the 50256 default would not fit)."""
+    last = vocab_size - 1
+    return Gpt2Config(
+        vocab_size=vocab_size,
+        n_positions=n_positions,
+        n_embd=n_embd,
+        n_layer=n_layer,
+        n_head=n_head,
+        layer_norm_epsilon=layer_norm_epsilon,
+        bos_token_id=last if bos_token_id is None else bos_token_id,
+        eos_token_id=last if eos_token_id is None else eos_token_id,
+    )
+
+
+def random_state_dict(config: Gpt2Config, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random float32 parameters keyed by canonical Hub names (no prefix, no lm_head, no mask buffers).
+
+    Matrices are scaled by 1/sqrt(fan_in) so activations stay O(1) through the layers; gains are
+    1 + noise and biases are noise, so each one visibly matters.
+    """
+    rng = np.random.default_rng(seed)
+    V, P, C = config.vocab_size, config.n_positions, config.n_embd
+
+    def normal(shape: tuple[int, ...], scale: float) -> np.ndarray:
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    def gain(n: int) -> np.ndarray:
+        return (1.0 + rng.standard_normal(n) * 0.2).astype(np.float32)
+
+    sd: dict[str, np.ndarray] = {
+        "wte.weight": normal((V, C), 0.5),
+        "wpe.weight": normal((P, C), 0.3),
+    }
+    for i in range(config.n_layer):
+        h = f"h.{i}."
+        sd[h + "ln_1.weight"] = gain(C)
+        sd[h + "ln_1.bias"] = normal((C,), 0.2)
+        sd[h + "attn.c_attn.weight"] = normal((C, 3 * C), C**-0.5)
+        sd[h + "attn.c_attn.bias"] = normal((3 * C,), 0.2)
+        sd[h + "attn.c_proj.weight"] = normal((C, C), C**-0.5)
+        sd[h + "attn.c_proj.bias"] = normal((C,), 0.2)
+        sd[h + "ln_2.weight"] = gain(C)
+        sd[h + "ln_2.bias"] = normal((C,), 0.2)
+        sd[h + "mlp.c_fc.weight"] = normal((C, 4 * C), C**-0.5)
+        sd[h + "mlp.c_fc.bias"] = normal((4 * C,), 0.2)
+        sd[h + "mlp.c_proj.weight"] = normal((4 * C, C), (4 * C) ** -0.5)
+        sd[h + "mlp.c_proj.bias"] = normal((C,), 0.2)
+    sd["ln_f.weight"] = gain(C)
+    sd["ln_f.bias"] = normal((C,), 0.2)
+    return sd
+
+
+# ------------------------------------------------------------------------------------ dtype helpers
+
+
+def to_bf16_bits(a: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bit patterns (uint16), rounding to nearest even like torch does (no NaNs)."""
+    bits = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    return rounded.astype(np.uint16)
+
+
+def from_bf16_bits(bits: np.ndarray) -> np.ndarray:
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def stored_values(a: np.ndarray, dtype: str) -> np.ndarray:
+    """``a`` as it reads back (in float32) after being stored in ``dtype``."""
+    if dtype == "F32":
+        return np.asarray(a, dtype=np.float32)
+    if dtype == "F16":
+        return np.asarray(a, dtype=np.float32).astype(np.float16).astype(np.float32)
+    if dtype == "BF16":
+        return from_bf16_bits(to_bf16_bits(a))
+    raise ValueError(f"unknown dtype {dtype!r}")
+
+
+def stored_state_dict(sd: dict[str, np.ndarray], dtype: str) -> dict[str, np.ndarray]:
+    return {k: stored_values(v, dtype) for k, v in sd.items()}
+
+
+# ------------------------------------------------------------------------------------ file writers
+
+
+def write_safetensors_raw(
+    path: str | os.PathLike[str],
+    entries: dict[str, tuple[str, tuple[int, ...], bytes]],
+    metadata: dict[str, str] | None = None,
+    *,
+    header_override: dict[str, Any] | None = None,
+) -> Path:
+    """Write ``{name: (dtype, shape, raw little-endian bytes)}`` as a safetensors file.
+
+    Data is laid out contiguously in the given order. ``header_override`` replaces header entries
+    verbatim after layout, for crafting malformed files.
+    """
+    header: dict[str, Any] = {}
+    if metadata is not None:
+        header["__metadata__"] = metadata
+    offset = 0
+    for name, (dtype, shape, data) in entries.items():
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + len(data)]}
+        offset += len(data)
+    if header_override:
+        header.update(header_override)
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)  # the reference writer pads the header to 8 bytes
+    path = Path(path)
+    with open(path, "wb") as f:
+        f.write(len(encoded).to_bytes(8, "little"))
+        f.write(encoded)
+        for _dtype, _shape, data in entries.values():
+            f.write(data)
+    return path
+
+
+def _encode(a: np.ndarray, dtype: str) -> tuple[str, tuple[int, ...], bytes]:
+    a = np.ascontiguousarray(a, dtype=np.float32)
+    if dtype == "F32":
+        data = a.astype("<f4").tobytes()
+    elif dtype == "F16":
+        data = a.astype("<f2").tobytes()
+    elif dtype == "BF16":
+        data = to_bf16_bits(a).astype("<u2").tobytes()
+    else:
+        raise ValueError(f"unknown dtype {dtype!r}")
+    return dtype, a.shape, data
+
+
+def save_tensors(path: str | os.PathLike[str], tensors: dict[str, np.ndarray], dtype: str = "F32") -> Path:
+    """Write float arrays stored as ``dtype`` (F32/F16 via safetensors itself, BF16 via our raw writer)."""
+    path = Path(path)
+    if dtype in ("F32", "F16"):
+        np_dtype = np.float32 if dtype == "F32" else np.float16
+        save_file({k: np.ascontiguousarray(v, dtype=np_dtype) for k, v in tensors.items()}, str(path))
+    else:
+        write_safetensors_raw(path, {k: _encode(v, dtype) for k, v in tensors.items()})
+    return path
+
+
+def hub_layout(
+    sd: dict[str, np.ndarray], config: Gpt2Config, *, masked_bias: bool = False
+) -> dict[str, np.ndarray]:
+    """The tensors of a Hub ``openai-community/gpt2`` file: no prefix, causal-mask buffers, no lm_head."""
+    P = config.n_positions
+    mask = np.tril(np.ones((P, P), dtype=np.float32)).reshape(1, 1, P, P)
+    out = {k: v for k, v in sd.items() if k != "lm_head.weight"}
+    for i in range(config.n_layer):
+        out[f"h.{i}.attn.bias"] = mask
+        if masked_bias:
+            out[f"h.{i}.attn.masked_bias"] = np.array(-1e4, dtype=np.float32)
+    return out
+
+
+def save_pretrained_layout(
+    sd: dict[str, np.ndarray], *, lm_head: np.ndarray | None = None, include_lm_head: bool = True
+) -> dict[str, np.ndarray]:
+    """``transformer.``-prefixed keys plus top-level ``lm_head.weight`` (tied to wte unless given)."""
+    out = {"transformer." + k: v for k, v in sd.items() if k != "lm_head.weight"}
+    if include_lm_head:
+        out["lm_head.weight"] = sd["wte.weight"] if lm_head is None else lm_head
+    return out
+
+
+def write_hub_safetensors(
+    path: str | os.PathLike[str],
+    sd: dict[str, np.ndarray],
+    config: Gpt2Config,
+    dtype: str = "F32",
+    *,
+    masked_bias: bool = False,
+) -> Path:
+    return save_tensors(path, hub_layout(sd, config, masked_bias=masked_bias), dtype)
+
+
+def write_save_pretrained_safetensors(
+    path: str | os.PathLike[str],
+    sd: dict[str, np.ndarray],
+    dtype: str = "F32",
+    *,
+    lm_head: np.ndarray | None = None,
+    include_lm_head: bool = True,
+) -> Path:
+    tensors = save_pretrained_layout(sd, lm_head=lm_head, include_lm_head=include_lm_head)
+    return save_tensors(path, tensors, dtype)
+
+
+def write_config(path: str | os.PathLike[str], config: Gpt2Config, **extra: Any) -> Path:
+    """A Hub-style config.json for ``config`` (with the Hub's extra keys; ``extra`` adds or overrides)."""
+    d = {
+        "activation_function": config.activation_function,
+        "architectures": ["GPT2LMHeadModel"],
+        "attn_pdrop": 0.1,
+        "bos_token_id": config.bos_token_id,
+        "embd_pdrop": 0.1,
+        "eos_token_id": config.eos_token_id,
+        "initializer_range": 0.02,
+        "layer_norm_epsilon": config.layer_norm_epsilon,
+        "model_type": "gpt2",
+        "n_ctx": config.n_positions,
+        "n_embd": config.n_embd,
+        "n_head": config.n_head,
+        "n_layer": config.n_layer,
+        "n_positions": config.n_positions,
+        "resid_pdrop": 0.1,
+        "vocab_size": config.vocab_size,
+    }
+    d.update(extra)
+    path = Path(path)
+    path.write_text(json.dumps(d, indent=2) + "\n")
+    return path
+
+
+def make_model_dir(
+    directory: str | os.PathLike[str],
+    config: Gpt2Config | None = None,
+    *,
+    seed: int = 0,
+    layout: str = "hub",
+    dtype: str = "F32",
+) -> tuple[Path, Gpt2Config, dict[str, np.ndarray]]:
+    """Write config.json and model.safetensors into ``directory`` (created if needed).
+
+    Returns ``(directory, config, expected)`` where ``expected`` is the state dict as the loader
+    should return it (values rounded through ``dtype``). No tokenizer.json is written.
+    """
+    config = config or small_config()
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    sd = random_state_dict(config, seed)
+    write_config(directory / "config.json", config)
+    if layout == "hub":
+        write_hub_safetensors(directory / "model.safetensors", sd, config, dtype)
+    elif layout == "save_pretrained":
+        write_save_pretrained_safetensors(directory / "model.safetensors", sd, dtype)
+    else:
+        raise ValueError(f"unknown layout {layout!r} (hub or save_pretrained)")
+    return directory, config, stored_state_dict(sd, dtype)
