@@ -51,10 +51,12 @@ def _describe(value: Any) -> str:
 
 
 def _problems(values: dict[str, Any], *, explicit: frozenset[str] = frozenset()) -> list[str]:
-    """Every problem with a full set of field values (types first, then relations between them)."""
+    """Every problem with the field values (absent sizes are skipped: the caller reports them missing)."""
     problems: list[str] = []
     good_sizes: dict[str, int] = {}
     for key in _REQUIRED_SIZES:
+        if key not in values:  # reported as missing by the caller
+            continue
         value = values[key]
         if not _is_int(value):
             problems.append(f"'{key}' must be an integer, found {_describe(value)}")
@@ -160,8 +162,8 @@ class Gpt2Config:
         values: dict[str, Any] = {}
         explicit = set()
         for key in _REQUIRED_SIZES:
-            # A placeholder for a missing key: already reported above, and passes the type checks.
-            values[key] = d.get(key, 1)
+            if key in d:
+                values[key] = d[key]
         for key, default in defaults.items():
             # An explicit null for a token id or epsilon means "use the default", as in transformers.
             if d.get(key) is None:
@@ -209,7 +211,8 @@ def _unsupported_architecture(d: dict[str, Any]) -> list[str]:
         problems.append(f"'model_type' must be 'gpt2', found {model_type!r}")
     n_inner = d.get("n_inner")
     n_embd = d.get("n_embd")
-    if n_inner is not None and not (_is_int(n_embd) and n_inner == 4 * n_embd):
+    # Only comparable with a valid n_embd; a bad n_embd is reported on its own.
+    if n_inner is not None and _is_int(n_embd) and n_inner != 4 * n_embd:
         problems.append(f"'n_inner' {n_inner!r} is not supported (only null or 4 * n_embd)")
     for key, required in (
         ("scale_attn_weights", True),
