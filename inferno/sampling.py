@@ -46,13 +46,11 @@ class Sampler:
         self.params = params or SamplingParams()
         self.rng = np.random.default_rng(self.params.seed)
 
-    def __call__(self, logits: np.ndarray) -> int:
+    def distribution(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The candidate ids (most likely first) and their probabilities after temperature, top-k, top-p."""
         p = self.params
-        logits = np.asarray(logits)
-        if p.greedy:
-            return int(np.argmax(logits))
         # Work in float64 so that top-p sums and the draw do not depend on float32 rounding.
-        z = logits.astype(np.float64) / p.temperature
+        z = np.asarray(logits, dtype=np.float64) / (p.temperature or 1.0)
         ids = np.arange(z.shape[0])
         if 0 < p.top_k < z.shape[0]:
             ids = np.argpartition(-z, p.top_k - 1)[: p.top_k]
@@ -64,6 +62,12 @@ class Sampler:
             # Keep the smallest prefix whose mass reaches top_p, including the token that crosses it.
             keep = int(np.searchsorted(np.cumsum(probs), p.top_p)) + 1
             ids, probs = ids[:keep], probs[:keep] / probs[:keep].sum()
+        return ids, probs
+
+    def __call__(self, logits: np.ndarray) -> int:
+        if self.params.greedy:
+            return int(np.argmax(logits))
+        ids, probs = self.distribution(logits)
         cdf = np.cumsum(probs)
         i = int(np.searchsorted(cdf, self.rng.random() * cdf[-1], side="right"))
         return int(ids[min(i, len(ids) - 1)])
