@@ -293,7 +293,10 @@ def _plan(header: SafetensorsHeader, config: Gpt2Config) -> tuple[dict[str, Tens
         problems.append(f"missing tensors ({len(missing)}): {_list_names(missing)}")
     if unexpected:
         problems.append(f"unexpected tensors ({len(unexpected)}): {_list_names(sorted(unexpected))}")
-    for name, info in chosen.items():
+    for name in expected:  # canonical order reads better than the file's alphabetical one
+        info = chosen.get(name)
+        if info is None:
+            continue
         if info.dtype not in SUPPORTED_DTYPES:
             supported = ", ".join(SUPPORTED_DTYPES)
             problems.append(

@@ -1,0 +1,423 @@
+"""load_weights: both layouts and all dtypes round-trip; every bad file gets one clear WeightsError."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+
+import numpy as np
+import pytest
+from random_gpt2 import (
+    DTYPES,
+    hub_layout,
+    make_model_dir,
+    random_state_dict,
+    save_tensors,
+    small_config,
+    stored_state_dict,
+    to_bf16_bits,
+    write_hub_safetensors,
+    write_safetensors_raw,
+    write_save_pretrained_safetensors,
+)
+from safetensors.numpy import load_file, save_file
+
+import inferno.weights as weights_module
+from inferno.weights import WeightsError, expected_shapes, load_weights, read_safetensors_header
+
+
+@pytest.fixture
+def cfg():
+    return small_config()
+
+
+@pytest.fixture
+def sd(cfg):
+    return random_state_dict(cfg, seed=1)
+
+
+def reference_load(path, dtype: str) -> dict[str, np.ndarray]:
+    """The safetensors library's own reading of the file, as float32, keys without prefix."""
+    if dtype == "BF16":  # numpy has no bfloat16: only torch can read it
+        torch_numpy = pytest.importorskip("safetensors.torch")
+        raw = {k: v.float().numpy() for k, v in torch_numpy.load_file(str(path)).items()}
+    else:
+        raw = {k: v.astype(np.float32) for k, v in load_file(str(path)).items()}
+    return {k.removeprefix("transformer."): v for k, v in raw.items()}
+
+
+def load_error(path, config) -> WeightsError:
+    with pytest.raises(WeightsError) as info:
+        load_weights(path, config)
+    assert str(path) in str(info.value)
+    return info.value
+
+
+# ------------------------------------------------------------------------------------ round trips
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ["hub", "save_pretrained"])
+def test_round_trip(tmp_path, layout, dtype):
+    directory, config, expected = make_model_dir(tmp_path, layout=layout, dtype=dtype, seed=3)
+    path = directory / "model.safetensors"
+    w = load_weights(path, config)
+
+    # Exactly the canonical names, in canonical order; the tied lm_head is dropped.
+    assert list(w) == list(expected_shapes(config))
+    reference = reference_load(path, dtype)
+    for name, array in w.items():
+        assert array.dtype == np.float32 and array.flags.c_contiguous, name
+        assert array.shape == expected_shapes(config)[name]
+        np.testing.assert_array_equal(array, expected[name], err_msg=name)
+        np.testing.assert_array_equal(array, reference[name], err_msg=name)
+
+
+@pytest.mark.parametrize("dtype", ["F16", "BF16"])
+def test_half_precision_values_are_rounded_not_garbage(tmp_path, cfg, sd, dtype):
+    path = write_hub_safetensors(tmp_path / "m.safetensors", sd, cfg, dtype)
+    w = load_weights(path, cfg)
+    tolerance = 1e-3 if dtype == "F16" else 1e-2  # relative precision of the format
+    for name in sd:
+        np.testing.assert_allclose(w[name], sd[name], rtol=tolerance, atol=1e-4, err_msg=name)
+
+
+def test_bf16_rounding_matches_torch(sd):
+    torch = pytest.importorskip("torch")
+    a = sd["wte.weight"]
+    ours = to_bf16_bits(a)
+    theirs = torch.from_numpy(a).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    np.testing.assert_array_equal(ours, theirs)
+
+
+def test_hub_file_with_masked_bias_buffers(tmp_path, cfg, sd):
+    path = write_hub_safetensors(tmp_path / "m.safetensors", sd, cfg, masked_bias=True)
+    assert "h.0.attn.masked_bias" in read_safetensors_header(path).tensors
+    w = load_weights(path, cfg)
+    assert set(w) == set(sd)
+
+
+def test_save_pretrained_without_lm_head(tmp_path, cfg, sd):
+    path = write_save_pretrained_safetensors(tmp_path / "m.safetensors", sd, include_lm_head=False)
+    assert set(load_weights(path, cfg)) == set(sd)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_untied_lm_head_is_kept(tmp_path, cfg, sd, dtype):
+    head = sd["wte.weight"].copy()
+    head[-1, -1] += 1.0  # differs only in the very last element: the chunked comparison must see it
+    path = write_save_pretrained_safetensors(tmp_path / "m.safetensors", sd, dtype, lm_head=head)
+    w = load_weights(path, cfg)
+    assert "lm_head.weight" in w
+    np.testing.assert_array_equal(w["lm_head.weight"], stored_state_dict({"x": head}, dtype)["x"])
+    assert w["lm_head.weight"].flags.c_contiguous and w["lm_head.weight"].dtype == np.float32
+
+
+def test_tied_lm_head_compared_in_chunks(tmp_path, monkeypatch, cfg, sd):
+    # Force many chunks so the row arithmetic of the comparison is exercised.
+    monkeypatch.setattr(weights_module, "_COMPARE_CHUNK_BYTES", 3 * cfg.n_embd * 4)
+    path = write_save_pretrained_safetensors(tmp_path / "m.safetensors", sd)
+    assert "lm_head.weight" not in load_weights(path, cfg)
+    head = sd["wte.weight"].copy()
+    head[cfg.vocab_size // 2, 0] = 42.0
+    path = write_save_pretrained_safetensors(tmp_path / "u.safetensors", sd, lm_head=head)
+    assert load_weights(path, cfg)["lm_head.weight"][cfg.vocab_size // 2, 0] == 42.0
+
+
+@pytest.mark.parametrize("shape", [dict(n_layer=1, n_embd=8, n_head=1), dict(n_layer=3, n_embd=24, n_head=3)])
+def test_other_shapes(tmp_path, shape):
+    config = small_config(vocab_size=50, n_positions=7, **shape)
+    directory, config, expected = make_model_dir(tmp_path, config, dtype="F16")
+    w = load_weights(directory / "model.safetensors", config)
+    assert all(np.array_equal(w[k], expected[k]) for k in expected)
+
+
+def test_read_safetensors_header(tmp_path, cfg, sd):
+    path = save_tensors(tmp_path / "m.safetensors", {"a": sd["wte.weight"], "b": sd["ln_f.bias"]}, "F16")
+    header = read_safetensors_header(path)
+    assert set(header.tensors) == {"a", "b"}
+    a = header.tensors["a"]
+    assert a.dtype == "F16" and a.shape == (cfg.vocab_size, cfg.n_embd) and a.nbytes == a.end - a.start
+    assert header.file_size == path.stat().st_size
+    assert max(t.end for t in header.tensors.values()) == header.file_size
+
+
+def test_metadata_is_read(tmp_path):
+    path = write_safetensors_raw(
+        tmp_path / "m.safetensors", {"x": ("F32", (2,), b"\0" * 8)}, metadata={"format": "pt"}
+    )
+    assert read_safetensors_header(path).metadata == {"format": "pt"}
+
+
+def test_config_must_be_a_gpt2_config(tmp_path, cfg, sd):
+    path = write_hub_safetensors(tmp_path / "m.safetensors", sd, cfg)
+    with pytest.raises(TypeError):
+        load_weights(path, cfg.to_dict())  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------------------------ content errors
+
+
+def test_missing_tensor(tmp_path, cfg, sd):
+    tensors = hub_layout(sd, cfg)
+    del tensors["h.1.mlp.c_fc.bias"]
+    path = save_tensors(tmp_path / "m.safetensors", tensors)
+    e = load_error(path, cfg)
+    assert "missing" in str(e) and "h.1.mlp.c_fc.bias" in str(e)
+
+
+def test_unexpected_tensor(tmp_path, cfg, sd):
+    tensors = {**hub_layout(sd, cfg), "h.0.attn.rotary.weight": np.zeros(3, np.float32)}
+    path = save_tensors(tmp_path / "m.safetensors", tensors)
+    e = load_error(path, cfg)
+    assert "unexpected" in str(e) and "h.0.attn.rotary.weight" in str(e)
+
+
+def test_prefixed_lm_head_is_unexpected(tmp_path, cfg, sd):
+    tensors = {**hub_layout(sd, cfg), "transformer.lm_head.weight": sd["wte.weight"]}
+    e = load_error(save_tensors(tmp_path / "m.safetensors", tensors), cfg)
+    assert "unexpected" in str(e) and "transformer.lm_head.weight" in str(e)
+
+
+def test_shape_mismatch_names_tensor_expected_and_found(tmp_path, cfg, sd):
+    C = cfg.n_embd
+    tensors = hub_layout(sd, cfg)
+    tensors["h.0.attn.c_attn.weight"] = np.ascontiguousarray(tensors["h.0.attn.c_attn.weight"].T)
+    path = save_tensors(tmp_path / "m.safetensors", tensors)
+    e = load_error(path, cfg)
+    assert len(e.problems) == 1
+    assert "h.0.attn.c_attn.weight" in str(e)
+    assert f"[{3 * C}, {C}]" in str(e) and f"expected [{C}, {3 * C}]" in str(e)
+
+
+def test_wrong_lm_head_shape(tmp_path, cfg, sd):
+    path = write_save_pretrained_safetensors(tmp_path / "m.safetensors", sd, lm_head=sd["wte.weight"][:-1])
+    e = load_error(path, cfg)
+    assert "lm_head.weight" in str(e) and f"expected [{cfg.vocab_size}, {cfg.n_embd}]" in str(e)
+
+
+def test_unsupported_dtype(tmp_path, cfg, sd):
+    tensors = hub_layout(sd, cfg)
+    tensors["ln_f.weight"] = tensors["ln_f.weight"].astype(np.float64)
+    path = tmp_path / "m.safetensors"
+    save_file(tensors, str(path))  # save_tensors would cast everything to one dtype
+    e = load_error(path, cfg)
+    assert "ln_f.weight" in str(e) and "F64" in str(e) and "unsupported dtype" in str(e)
+
+
+def test_mask_buffers_of_any_dtype_are_skipped(tmp_path, cfg, sd):
+    tensors = hub_layout(sd, cfg)
+    tensors["h.0.attn.bias"] = tensors["h.0.attn.bias"].astype(np.uint8)
+    save_file(tensors, str(tmp_path / "m.safetensors"))
+    assert set(load_weights(tmp_path / "m.safetensors", cfg)) == set(sd)
+
+
+def test_same_tensor_with_and_without_prefix(tmp_path, cfg, sd):
+    tensors = {**hub_layout(sd, cfg), "transformer.wpe.weight": sd["wpe.weight"]}
+    e = load_error(save_tensors(tmp_path / "m.safetensors", tensors), cfg)
+    assert "appears twice" in str(e) and "wpe.weight" in str(e)
+
+
+def test_every_problem_reported_at_once(tmp_path, cfg, sd):
+    tensors = hub_layout(sd, cfg)
+    del tensors["wpe.weight"]
+    del tensors["h.0.ln_2.bias"]
+    tensors["extra.weight"] = np.zeros(2, np.float32)
+    tensors["h.1.mlp.c_proj.weight"] = np.zeros((3, 3), np.float32)
+    tensors["ln_f.bias"] = np.zeros(cfg.n_embd, np.int32)
+    save_file(tensors, str(tmp_path / "m.safetensors"))
+    e = load_error(tmp_path / "m.safetensors", cfg)
+    message = str(e)
+    assert len(e.problems) == 4, e.problems  # missing (grouped), unexpected, shape, dtype
+    for word in ("wpe.weight", "h.0.ln_2.bias", "extra.weight", "h.1.mlp.c_proj.weight", "[3, 3]"):
+        assert word in message, word
+    for word in ("ln_f.bias", "I32"):
+        assert word in message, word
+
+
+def test_config_with_more_layers_than_the_file(tmp_path, cfg, sd):
+    path = write_hub_safetensors(tmp_path / "m.safetensors", sd, cfg)
+    bigger = small_config(n_layer=cfg.n_layer + 1)
+    e = load_error(path, bigger)
+    assert "missing tensors (12)" in str(e) and f"h.{cfg.n_layer}.ln_1.weight" in str(e)
+
+
+def test_config_with_fewer_layers_than_the_file(tmp_path, cfg, sd):
+    path = write_hub_safetensors(tmp_path / "m.safetensors", sd, cfg)
+    e = load_error(path, small_config(n_layer=1))
+    assert "unexpected tensors (12)" in str(e) and "h.1.ln_1.weight" in str(e)
+
+
+def test_wrong_width_reports_every_tensor_and_caps_the_message(tmp_path):
+    cfg = small_config(n_layer=4)
+    sd = random_state_dict(cfg)
+    path = write_hub_safetensors(tmp_path / "m.safetensors", sd, cfg)
+    e = load_error(path, small_config(n_embd=32, n_head=2, n_layer=cfg.n_layer))
+    # Every tensor has the wrong shape; all are in .problems, the message stays readable.
+    assert len(e.problems) == len(sd)
+    assert "more (see WeightsError.problems)" in str(e)
+    assert str(e).count("\n") <= 42
+
+
+# ------------------------------------------------------------------------------------ malformed files
+
+
+def test_missing_file(tmp_path, cfg):
+    path = tmp_path / "nope.safetensors"
+    e = load_error(path, cfg)
+    assert "not found" in str(e)
+
+
+def test_directory(tmp_path, cfg):
+    e = load_error(tmp_path, cfg)
+    assert "directory" in str(e)
+
+
+@pytest.mark.parametrize("content", [b"", b"\x01\x02\x03"])
+def test_too_short(tmp_path, cfg, content):
+    path = tmp_path / "m.safetensors"
+    path.write_bytes(content)
+    assert "too short" in str(load_error(path, cfg))
+
+
+def test_header_length_bigger_than_file(tmp_path, cfg):
+    path = tmp_path / "m.safetensors"
+    path.write_bytes((1000).to_bytes(8, "little") + b'{"a": 1}')
+    e = load_error(path, cfg)
+    assert "header length 1000" in str(e) and "bigger than the rest of the file" in str(e)
+
+
+def test_absurd_header_length(tmp_path, cfg):
+    path = tmp_path / "m.safetensors"
+    path.write_bytes((2**63).to_bytes(8, "little") + b"{}")
+    assert "header length" in str(load_error(path, cfg))
+
+
+@pytest.mark.parametrize(
+    "header, words",
+    [
+        (b'{"a": {"dtype": "F32", ', ["not valid JSON"]),
+        (b"\xff\xfe{}", ["not valid JSON"]),
+        (b"[1, 2]", ["JSON object", "list"]),
+        (b'{"a": 3}', ["'a'", "must be an object"]),
+        (b'{"__metadata__": {"x": 1}}', ["__metadata__"]),
+    ],
+)
+def test_bad_header(tmp_path, cfg, header, words):
+    path = tmp_path / "m.safetensors"
+    path.write_bytes(len(header).to_bytes(8, "little") + header)
+    e = load_error(path, cfg)
+    for word in words:
+        assert word in str(e)
+
+
+def raw_file(tmp_path, override: dict, extra: bytes = b"") -> os.PathLike:
+    entries = {"a": ("F32", (2,), b"\0" * 8), "b": ("F32", (3,), b"\0" * 12)}
+    path = write_safetensors_raw(tmp_path / "m.safetensors", entries, header_override=override)
+    with open(path, "ab") as f:
+        f.write(extra)
+    return path
+
+
+@pytest.mark.parametrize(
+    "override, words",
+    [
+        ({"b": {"dtype": "F32", "shape": [3], "data_offsets": [8, 400]}}, ["'b'", "past the end", "truncat"]),
+        ({"b": {"dtype": "F32", "shape": [3], "data_offsets": [4, 16]}}, ["overlaps"]),
+        ({"b": {"dtype": "F32", "shape": [3], "data_offsets": [12, 8]}}, ["'b'", "begin after end"]),
+        ({"b": {"dtype": "F32", "shape": [2], "data_offsets": [8, 20]}}, ["'b'", "12 bytes", "needs 8"]),
+        ({"b": {"dtype": "F32", "shape": [-3], "data_offsets": [8, 20]}}, ["'b'", "shape"]),
+        ({"b": {"dtype": "F32", "shape": "3", "data_offsets": [8, 20]}}, ["'b'", "shape"]),
+        ({"b": {"dtype": 4, "shape": [3], "data_offsets": [8, 20]}}, ["'b'", "dtype"]),
+        ({"b": {"dtype": "F32", "shape": [3], "data_offsets": [8]}}, ["'b'", "data_offsets"]),
+        ({"b": {"dtype": "F32", "shape": [3], "data_offsets": [8.0, 20.0]}}, ["'b'", "data_offsets"]),
+        ({"b": {"dtype": "F32", "shape": [3]}}, ["'b'", "data_offsets"]),
+        ({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, ["gap of 4 bytes", "'b'"]),
+    ],
+)
+def test_bad_offsets(tmp_path, cfg, override, words):
+    e = load_error(raw_file(tmp_path, override), cfg)
+    for word in words:
+        assert word in str(e), word
+    with pytest.raises(WeightsError):
+        read_safetensors_header(raw_file(tmp_path, override))
+
+
+def test_trailing_bytes(tmp_path, cfg):
+    e = load_error(raw_file(tmp_path, {}, extra=b"junk"), cfg)
+    assert "4 unused bytes" in str(e)
+
+
+def test_several_header_problems_at_once(tmp_path, cfg):
+    override = {
+        "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 999]},
+        "b": {"dtype": "F32", "shape": "x", "data_offsets": [8, 20]},
+    }
+    e = load_error(raw_file(tmp_path, override), cfg)
+    assert len(e.problems) == 2 and "'a'" in str(e) and "'b'" in str(e)
+
+
+def test_every_truncation_is_a_weights_error(tmp_path, cfg, sd):
+    path = write_hub_safetensors(tmp_path / "m.safetensors", sd, cfg, "BF16")
+    data = path.read_bytes()
+    header_end = 8 + int.from_bytes(data[:8], "little")
+    cut = tmp_path / "cut.safetensors"
+    sampled = random.Random(0).sample(range(len(data)), 200)
+    sizes = sorted({*range(0, header_end + 16), *sampled} - {len(data)})
+    for size in sizes:
+        cut.write_bytes(data[:size])
+        with pytest.raises(WeightsError):
+            load_weights(cut, cfg)
+
+
+def test_header_corruption_never_escapes_as_another_exception(tmp_path, cfg, sd):
+    path = write_hub_safetensors(tmp_path / "m.safetensors", sd, cfg)
+    data = bytearray(path.read_bytes())
+    header_end = 8 + int.from_bytes(data[:8], "little")
+    rng = random.Random(1)
+    bad = tmp_path / "bad.safetensors"
+    for _ in range(300):
+        corrupt = bytearray(data[:header_end])
+        for _ in range(rng.randint(1, 4)):
+            corrupt[rng.randrange(len(corrupt))] = rng.choice(b'0123456789[]{}",:-.eE \x00\xff')
+        bad.write_bytes(bytes(corrupt) + data[header_end:])
+        try:
+            load_weights(bad, cfg)
+        except WeightsError:
+            pass
+
+
+def test_file_truncated_while_loading(tmp_path, monkeypatch, cfg, sd):
+    path = write_hub_safetensors(tmp_path / "m.safetensors", sd, cfg)
+    parse = weights_module._parse_header
+
+    def parse_then_truncate(f, p, size):
+        header = parse(f, p, size)
+        os.truncate(path, size // 2)  # someone overwrites the file under us
+        return header
+
+    monkeypatch.setattr(weights_module, "_parse_header", parse_then_truncate)
+    e = load_error(path, cfg)
+    assert "file ended while reading tensor" in str(e)
+
+
+def test_weights_error_is_a_value_error():
+    assert issubclass(WeightsError, ValueError)
+
+
+def test_header_written_by_json_with_spaces(tmp_path, cfg, sd):
+    # Headers with whitespace and key order different from data order are valid.
+    tensors = hub_layout(sd, cfg)
+    entries, header, offset = [], {}, 0
+    for name in reversed(list(tensors)):
+        data = np.ascontiguousarray(tensors[name], "<f4").tobytes()
+        shape = list(tensors[name].shape)
+        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + len(data)]}
+        entries.append(data)
+        offset += len(data)
+    encoded = json.dumps(dict(sorted(header.items())), indent=1).encode()
+    path = tmp_path / "m.safetensors"
+    path.write_bytes(len(encoded).to_bytes(8, "little") + encoded + b"".join(entries))
+    w = load_weights(path, cfg)
+    assert all(np.array_equal(w[k], sd[k]) for k in sd)
