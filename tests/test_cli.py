@@ -1,0 +1,200 @@
+"""The `inferno` command, run as a user runs it: a subprocess, its stdout, stderr and exit code."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from goldens import golden_model, write_model_dir
+from random_gpt2 import random_state_dict, small_config
+
+import inferno
+
+STATS = re.compile(r"^\[\d+ new tokens in \d+\.\d\ds, \d+\.\d tok/s\]$")
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    config, sd, _ = golden_model("greedy")
+    return write_model_dir(tmp_path_factory.mktemp("cli-model"), config, sd)
+
+
+@pytest.fixture(scope="module")
+def pipe(model_dir):
+    return inferno.load(model_dir, "numpy", download=False)
+
+
+@pytest.fixture
+def env(tmp_path) -> dict[str, str]:
+    # No network, no real Hugging Face cache: the tests see only what they build.
+    env = dict(os.environ, INFERNO_OFFLINE="1", HF_HOME=str(tmp_path / "hf-home"), PYTHONUNBUFFERED="1")
+    env.pop("INFERNO_BACKEND", None)
+    env.pop("HF_HUB_CACHE", None)
+    return env
+
+
+def run(args: list[str], env: dict[str, str], cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "inferno", *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=120
+    )
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    for needle in needles:
+        assert needle in lines[0], f"{needle!r} not in {lines[0]!r}"
+
+
+def test_streams_text_and_stats(model_dir, env, pipe):
+    proc = run(["The quick brown fox", "--model-dir", str(model_dir), "--max-new-tokens", "8", "--ignore-eos"], env)
+    assert proc.returncode == 0, proc.stderr
+    expected = pipe.generate("The quick brown fox", max_new_tokens=8, stop_at_eos=False).text
+    assert proc.stdout == expected + "\n"
+    assert STATS.match(proc.stderr.strip().splitlines()[-1]), proc.stderr
+
+
+def test_json_output(model_dir, env, pipe):
+    proc = run(["Hello, world!", "--model-dir", str(model_dir), "--max-new-tokens", "6", "--json",
+                "--preset", "sample", "--seed", "3"], env)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)  # exactly one object, nothing else on stdout
+    assert set(out) == {"prompt_ids", "ids", "text", "finish_reason", "backend", "new_tokens", "seconds",
+                        "tokens_per_second"}
+    expected = pipe.generate("Hello, world!", max_new_tokens=6, temperature=0.8, top_k=40, seed=3)
+    assert out["prompt_ids"] == pipe.tokenizer.encode("Hello, world!")
+    assert out["ids"] == expected.ids and out["text"] == expected.text
+    assert out["finish_reason"] == expected.finish_reason
+    assert out["backend"] == "numpy" and out["new_tokens"] == len(expected.ids)
+
+
+def test_show_ids(model_dir, env, pipe):
+    proc = run(["Hello", "--model-dir", str(model_dir), "--max-new-tokens", "3", "--show-ids", "--ignore-eos"], env)
+    assert proc.returncode == 0, proc.stderr
+    ids = pipe.generate("Hello", max_new_tokens=3, stop_at_eos=False).ids
+    assert f"prompt ids: {pipe.tokenizer.encode('Hello')}" in proc.stderr
+    assert f"new ids:    {ids}" in proc.stderr
+
+
+def test_prompt_named_like_a_subcommand(model_dir, env, pipe):
+    proc = run(["--model-dir", str(model_dir), "--max-new-tokens", "1", "--json", "--", "backends"], env)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["prompt_ids"] == pipe.tokenizer.encode("backends")
+
+
+def test_backends_json(env):
+    proc = run(["backends", "--json"], env)
+    assert proc.returncode == 0, proc.stderr
+    listed = {b["name"]: b for b in json.loads(proc.stdout)}
+    for name in ("numpy", "array-api"):
+        assert listed[name]["status"] == "ok"
+
+
+def test_backends_table(env):
+    proc = run(["backends"], env)
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"^numpy\b.*\bok\b", proc.stdout, re.M), proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (["--temperature", "-1"], "--temperature"),
+        (["--temperature", "nan"], "--temperature"),
+        (["--temperature", "hot"], "--temperature"),
+        (["--top-p", "0"], "--top-p"),
+        (["--top-p", "1.5"], "--top-p"),
+        (["--top-k", "-1"], "--top-k"),
+        (["--max-new-tokens", "-1"], "--max-new-tokens"),
+        (["--seed", "x"], "--seed"),
+        (["--preset", "wild"], "--preset"),
+        (["--no-such-flag"], "--no-such-flag"),
+        (["--backend", "numpi"], "numpy"),  # "did you mean 'numpy'?"
+    ],
+)
+def test_bad_flags(model_dir, env, flags, needle):
+    assert_one_line_error(run(["Hi", "--model-dir", str(model_dir), *flags], env), needle)
+
+
+def test_missing_weights_offline(tmp_path, env):
+    # No --model-dir, no ./gpt2, an empty HF cache and no network: say what is missing and how to get it.
+    proc = run(["Hi"], env, cwd=tmp_path)
+    assert_one_line_error(proc, "model.safetensors", "hf download")
+
+
+def test_missing_file_in_model_dir(model_dir, tmp_path, env):
+    d = tmp_path / "m"
+    d.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (d / name).write_bytes((model_dir / name).read_bytes())
+    assert_one_line_error(run(["Hi", "--model-dir", str(d)], env), "tokenizer.json")
+
+
+def _copy_model(model_dir: Path, dest: Path) -> Path:
+    dest.mkdir()
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        (dest / name).write_bytes((model_dir / name).read_bytes())
+    return dest
+
+
+def test_truncated_weights(model_dir, tmp_path, env):
+    d = _copy_model(model_dir, tmp_path / "m")
+    data = (d / "model.safetensors").read_bytes()
+    (d / "model.safetensors").write_bytes(data[: len(data) // 2])
+    assert_one_line_error(run(["Hi", "--model-dir", str(d)], env), "model.safetensors")
+
+
+def test_bad_config(model_dir, tmp_path, env):
+    d = _copy_model(model_dir, tmp_path / "m")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["n_layer"] = True
+    (d / "config.json").write_text(json.dumps(cfg))
+    assert_one_line_error(run(["Hi", "--model-dir", str(d)], env), "config.json", "n_layer")
+
+
+def test_wrong_shape_names_the_tensor(model_dir, tmp_path, env):
+    d = _copy_model(model_dir, tmp_path / "m")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["n_embd"], cfg["n_head"] = 64, 4  # the file holds 32-wide tensors
+    (d / "config.json").write_text(json.dumps(cfg))
+    assert_one_line_error(run(["Hi", "--model-dir", str(d)], env), "model.safetensors", "wte.weight")
+
+
+def test_bad_tokenizer(model_dir, tmp_path, env):
+    d = _copy_model(model_dir, tmp_path / "m")
+    (d / "tokenizer.json").write_text("{not json")
+    assert_one_line_error(run(["Hi", "--model-dir", str(d)], env), "tokenizer.json")
+
+
+def test_prompt_too_long(model_dir, env):
+    proc = run(["word" + " word" * 199, "--model-dir", str(model_dir)], env)  # 200 tokens; n_positions is 128
+    assert_one_line_error(proc, "200", "128")
+
+
+def test_ctrl_c_stops_cleanly(tmp_path, env):
+    # A context of 1024 so that generation is still running when the signal arrives.
+    config = small_config(vocab_size=50257, n_positions=1024, n_embd=64, n_layer=4, n_head=4)
+    model_dir = write_model_dir(tmp_path / "m", config, random_state_dict(config, seed=5))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "inferno", "Hi", "--model-dir", str(model_dir), "--max-new-tokens", "1000",
+         "--ignore-eos"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )
+    try:
+        proc.stdout.read(1)  # generation has started
+        time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "interrupted" in err
