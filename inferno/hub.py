@@ -180,6 +180,7 @@ def resolve_model_dir(
             # URLError/HTTPError/timeouts are OSErrors; a short body is IncompleteRead; a bad
             # HF_ENDPOINT is a ValueError.
             reason = f"download failed: {_describe_error(e)}"
+            missing = _missing(target) or missing  # files that did arrive are complete and stay
     raise ModelFilesMissing(missing, searched, target=shown_target, reason=reason) from None
 
 
