@@ -1,0 +1,224 @@
+"""The kernels written once against the Python Array API standard, for any conforming namespace.
+
+Everything goes through the namespace `xp` (``xp.matmul``, ``xp.take``, ``xp.where`` ...): no NumPy
+methods, no in-place arithmetic. The only mutation is `write_kv`'s slice assignment, which the standard
+allows; namespaces whose arrays are immutable (JAX) get a cache rebuilt with ``xp.concat`` instead.
+
+    ArrayApiBackend()                           # array_api_compat.numpy: NumPy arrays (the registered one)
+    ArrayApiBackend(xp=array_api_strict)        # the standard's strict checker (what the tests use)
+    ArrayApiBackend(xp="torch", device="cpu")   # any namespace array_api_compat knows, by module name
+
+From the CLI: ``--backend array-api:xp=array_api_strict,dtype=float64``.
+
+It is meant to be subclassed by backends for other array libraries: pass the namespace and device to
+``super().__init__`` and override only what the library does better (``to_numpy`` for device
+transfers, a fused ``attention`` ...). Temporaries are created on the device of the arrays they are
+combined with, so the kernels never need to know which device that is.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from inferno.backends.base import Array, Backend
+from inferno.backends.hookspecs import hookimpl
+
+_GELU_C = math.sqrt(2.0 / math.pi)
+
+
+class ArrayApiBackend(Backend):
+    name = "array-api"
+    description = "Portable kernels on the Array API standard (array_api_compat); NumPy arrays by default."
+
+    def __init__(
+        self, xp: ModuleType | str | None = None, dtype: str = "float32", device: Any = None
+    ) -> None:
+        """`xp`: an Array API namespace, or any module or module name `array_api_compat` can wrap
+        (numpy, torch, cupy ...); None means ``array_api_compat.numpy``. `dtype`: the floating dtype
+        to compute in, by name. `device`: where `from_numpy` and `new_kv_cache` put arrays (None: the
+        namespace's default).
+        """
+        self.xp = _namespace(xp)
+        self.device = device
+        self.float_dtype = self._resolve_dtype(str(dtype))
+        if not self.xp.isdtype(self.float_dtype, "real floating"):
+            raise ValueError(f"{self.name} backend: dtype must be a real floating dtype, got {dtype!r}")
+        # The conformance suite picks its tolerances from a NumPy dtype (bfloat16 has none: keep the name).
+        try:
+            self.dtype = np.dtype(str(dtype))
+        except TypeError:
+            self.dtype = str(dtype)
+        self._immutable: bool | None = None  # learnt on the first write_kv
+
+    def _resolve_dtype(self, name: str) -> Any:
+        """The namespace's dtype object for `name`. Subclasses override this for dtypes outside the
+        standard that their library has (bfloat16)."""
+        dt = getattr(self.xp, name, None)
+        if dt is None:
+            raise ValueError(f"{self.name} backend: namespace {self.xp.__name__} has no dtype {name!r}")
+        return dt
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        try:
+            import array_api_compat  # noqa: F401
+        except ImportError:
+            return "needs array-api-compat (pip install array-api-compat)"
+        return None
+
+    def __repr__(self) -> str:
+        where = f"xp={self.xp.__name__} dtype={self.dtype} device={self.device}"
+        return f"<{type(self).__name__} {self.name!r} {where}>"
+
+    # ----------------------------------------------------------------------------------------- boundary
+
+    def from_numpy(self, a: np.ndarray) -> Array:
+        a = np.asarray(a)
+        xp = self.xp
+        if a.dtype.kind == "f":
+            return xp.asarray(a, dtype=self.float_dtype, device=self.device)
+        if a.dtype.kind in "iu":
+            return xp.asarray(a.astype(np.int64, copy=False), dtype=xp.int64, device=self.device)
+        return xp.asarray(a, device=self.device)
+
+    def to_numpy(self, a: Array) -> np.ndarray:
+        xp = self.xp
+        if xp.isdtype(a.dtype, "real floating") and a.dtype != xp.float32:
+            a = xp.astype(a, xp.float32)  # also makes bfloat16 readable by NumPy
+        return self._host(a)
+
+    def _host(self, a: Array) -> np.ndarray:
+        """A host NumPy array with the contents of `a` (no copy where the memory is already on the host).
+
+        DLPack is the standard's way across libraries; a subclass whose arrays live on an accelerator
+        overrides this (e.g. ``a.cpu().numpy()``).
+        """
+        try:
+            return np.from_dlpack(a)
+        except (AttributeError, BufferError, RuntimeError, TypeError):
+            return np.asarray(a)
+
+    # ------------------------------------------------------------------------------------------ kernels
+
+    def linear(self, x, w, b):
+        xp = self.xp
+        # One 2-D matmul rather than a batched one: a single GEMM in most libraries.
+        lead = tuple(x.shape[:-1])
+        y = xp.matmul(xp.reshape(x, (-1, x.shape[-1])), w)
+        if b is not None:
+            y = y + b
+        return xp.reshape(y, (*lead, w.shape[-1]))
+
+    def gelu_new(self, x):
+        return 0.5 * x * (1.0 + self.xp.tanh(_GELU_C * (x + 0.044715 * (x * x * x))))
+
+    def layernorm(self, x, gamma, beta, eps):
+        xp = self.xp
+        # Two passes (mean, then the variance of x - mean): E[x²] - E[x]² cancels badly for large means.
+        y = x - xp.mean(x, axis=-1, keepdims=True)
+        var = xp.mean(y * y, axis=-1, keepdims=True)
+        return y / xp.sqrt(var + eps) * gamma + beta
+
+    def softmax(self, x):
+        xp = self.xp
+        e = xp.exp(x - xp.max(x, axis=-1, keepdims=True))
+        return e / xp.sum(e, axis=-1, keepdims=True)
+
+    def add(self, a, b):
+        return a + b
+
+    def embedding(self, wte, wpe, ids, offset):
+        xp = self.xp
+        b, t = ids.shape
+        # The standard's take wants 1-D indices.
+        tok = xp.take(wte, xp.reshape(ids, (-1,)), axis=0)
+        return xp.reshape(tok, (b, t, wte.shape[-1])) + wpe[offset : offset + t, :]
+
+    def split_heads(self, qkv, n_head):
+        xp = self.xp
+        b, t, c3 = qkv.shape
+        d = c3 // (3 * n_head)
+        # [B, T, 3, H, D] → [3, B, H, T, D]
+        y = xp.permute_dims(xp.reshape(qkv, (b, t, 3, n_head, d)), (2, 0, 3, 1, 4))
+        return y[0, ...], y[1, ...], y[2, ...]
+
+    def merge_heads(self, y):
+        b, h, t, d = y.shape
+        return self.xp.reshape(self.xp.permute_dims(y, (0, 2, 1, 3)), (b, t, h * d))
+
+    def new_kv_cache(self, batch, n_head, length, head_dim):
+        shape = (batch, n_head, length, head_dim)
+        xp = self.xp
+        return (xp.zeros(shape, dtype=self.float_dtype, device=self.device),
+                xp.zeros(shape, dtype=self.float_dtype, device=self.device))
+
+    def write_kv(self, k_cache, v_cache, k, v, offset):
+        t = k.shape[2]
+        if not self._immutable:
+            try:
+                k_cache[:, :, offset : offset + t, :] = k
+                v_cache[:, :, offset : offset + t, :] = v
+                self._immutable = False
+                return k_cache, v_cache
+            except (TypeError, ValueError, NotImplementedError):
+                if self._immutable is False:
+                    raise  # assignment worked before: this is a real error (shape, dtype ...)
+                self._immutable = True
+        return self._splice(k_cache, k, offset), self._splice(v_cache, v, offset)
+
+    def _splice(self, cache, new, offset):
+        end = offset + new.shape[2]
+        return self.xp.concat([cache[:, :, :offset, :], new, cache[:, :, end:, :]], axis=2)
+
+    def attention(self, q, k_cache, v_cache, offset):
+        xp = self.xp
+        t, d = q.shape[2], q.shape[3]
+        s = offset + t
+        k = k_cache[:, :, :s, :]
+        scores = xp.matmul(q, xp.matrix_transpose(k)) * (1.0 / math.sqrt(d))  # [B, H, T, S]
+        if t > 1:
+            # Query i sits at position offset + i and may not see keys after it.
+            dev = _device(scores)
+            rows = xp.reshape(xp.arange(t, device=dev), (t, 1)) + offset
+            cols = xp.reshape(xp.arange(s, device=dev), (1, s))
+            scores = xp.where(cols <= rows, scores, xp.asarray(-math.inf, dtype=scores.dtype, device=dev))
+        return xp.matmul(self.softmax(scores), v_cache[:, :, :s, :])
+
+    def lm_head(self, x, wte):
+        xp = self.xp
+        lead = tuple(x.shape[:-1])
+        # matrix_transpose is a view in the common libraries: wte is not copied.
+        y = xp.matmul(xp.reshape(x, (-1, x.shape[-1])), xp.matrix_transpose(wte))
+        return xp.reshape(y, (*lead, wte.shape[0]))
+
+
+def _namespace(xp: ModuleType | str | None) -> ModuleType:
+    """An Array API namespace from a namespace, a library module, or a module name."""
+    import array_api_compat
+
+    if xp is None:
+        import array_api_compat.numpy
+
+        return array_api_compat.numpy
+    if isinstance(xp, str):
+        xp = importlib.import_module(xp)
+    if array_api_compat.is_array_api_strict_namespace(xp) or xp.__name__.startswith("array_api_compat."):
+        return xp
+    # A plain library module (numpy, torch ...): let array_api_compat find its compliant wrapper.
+    return array_api_compat.array_namespace(xp.asarray(0.0))
+
+
+def _device(a: Array) -> Any:
+    import array_api_compat
+
+    return array_api_compat.device(a)
+
+
+@hookimpl
+def register_backends(register) -> None:
+    register(ArrayApiBackend)
