@@ -128,8 +128,10 @@ def _parse_header(f: BinaryIO, path: str | os.PathLike[str], file_size: int) -> 
     raw = _read_exact(f, header_len, path, "the header")
     try:
         header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        problem = f"header is not valid JSON ({e}): truncated or not a safetensors file"
+    except (ValueError, RecursionError) as e:
+        # ValueError covers bad UTF-8, bad JSON and integers too long to convert; deep nesting recurses.
+        reason = str(e) if len(str(e)) < 100 else str(e)[:97] + "..."
+        problem = f"header is not valid JSON ({reason}): truncated or not a safetensors file"
         raise WeightsError(path, [problem]) from None
     if not isinstance(header, dict):
         raise WeightsError(path, [f"header must be a JSON object, found {type(header).__name__}"])

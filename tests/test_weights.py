@@ -299,6 +299,8 @@ def test_absurd_header_length(tmp_path, cfg):
     [
         (b'{"a": {"dtype": "F32", ', ["not valid JSON"]),
         (b"\xff\xfe{}", ["not valid JSON"]),
+        (b"[" * 100_000 + b"]" * 100_000, ["not valid JSON"]),
+        (b'{"a": {"shape": [' + b"9" * 5000 + b"]}}", ["not valid JSON"]),  # too long for int()
         (b"[1, 2]", ["JSON object", "list"]),
         (b'{"a": 3}', ["'a'", "must be an object"]),
         (b'{"__metadata__": {"x": 1}}', ["__metadata__"]),
