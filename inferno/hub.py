@@ -209,15 +209,24 @@ def download_files(
     leaving no ``.part`` file behind.
     """
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    done = []
+    names = list(names)
     for name in names:
         if name not in REQUIRED_FILES:
             raise ValueError(f"{name!r} is not one of the model files {REQUIRED_FILES}")
-        dest = directory / name
-        if not dest.exists():
-            _download_one(f"{_endpoint()}/{REPO_ID}/resolve/main/{name}", dest, progress)
-        done.append(dest)
+    created = not directory.exists()
+    directory.mkdir(parents=True, exist_ok=True)
+    done = []
+    try:
+        for name in names:
+            dest = directory / name
+            if not dest.exists():
+                _download_one(f"{_endpoint()}/{REPO_ID}/resolve/main/{name}", dest, progress)
+            done.append(dest)
+    except BaseException:
+        # Don't leave an empty ./gpt2 behind after a failed first download.
+        if created and not any(directory.iterdir()):
+            directory.rmdir()
+        raise
     return done
 
 
@@ -271,6 +280,8 @@ def _move_into_place(part: Path, dest: Path) -> None:
 class _Progress:
     """A text progress bar on a terminal; start/finish lines otherwise."""
 
+    min_interval_s = 0.1  # redraw at most this often
+
     def __init__(self, name: str, url: str, stream: IO[str]) -> None:
         self.name, self.url, self.stream = name, url, stream
         self.live = hasattr(stream, "isatty") and stream.isatty()
@@ -286,7 +297,7 @@ class _Progress:
 
     def update(self, received: int) -> None:
         now = time.monotonic()
-        if not self.live or now - self.last < 0.1:
+        if not self.live or now - self.last < self.min_interval_s:
             return
         self.last = now
         mb = received / 1e6
@@ -303,7 +314,7 @@ class _Progress:
 
     def finish(self, received: int) -> None:
         if self.live:
-            self.last = 0.0
+            self.last = float("-inf")  # always draw the final state
             self.update(received)
             self.stream.write("\n")
             self.stream.flush()
