@@ -62,16 +62,10 @@ class Gpt2:
         def w(name: str) -> Array:
             return backend.prepare_weight(name, weights[name])
 
-        blocks = []
-        for i in range(config.n_layer):
-            p = f"h.{i}."
-            blocks.append(
-                Block(
-                    *(w(p + n) for n in ("ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
-                                         "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias",
-                                         "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias"))
-                )
-            )
+        names = ("ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight",
+                 "attn.c_proj.bias", "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight", "mlp.c_fc.bias",
+                 "mlp.c_proj.weight", "mlp.c_proj.bias")  # in Block's field order
+        blocks = [Block(*(w(f"h.{i}.{n}") for n in names)) for i in range(config.n_layer)]
         wte = w("wte.weight")
         lm_head = w("lm_head.weight") if "lm_head.weight" in weights else wte
         return cls(config, backend, wte, w("wpe.weight"), blocks, w("ln_f.weight"), w("ln_f.bias"), lm_head)

@@ -34,7 +34,7 @@ def pipe(model_dir):
 @pytest.fixture
 def env(tmp_path) -> dict[str, str]:
     # No network, no real Hugging Face cache: the tests see only what they build.
-    env = dict(os.environ, INFERNO_OFFLINE="1", HF_HOME=str(tmp_path / "hf-home"), PYTHONUNBUFFERED="1")
+    env = dict(os.environ, INFERNO_OFFLINE="1", HF_HOME=str(tmp_path / "hf"), PYTHONUNBUFFERED="1")
     env.pop("INFERNO_BACKEND", None)
     env.pop("HF_HUB_CACHE", None)
     return env
@@ -56,7 +56,8 @@ def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> N
 
 
 def test_streams_text_and_stats(model_dir, env, pipe):
-    proc = run(["The quick brown fox", "--model-dir", str(model_dir), "--max-new-tokens", "8", "--ignore-eos"], env)
+    args = ["The quick brown fox", "--model-dir", str(model_dir), "--max-new-tokens", "8", "--ignore-eos"]
+    proc = run(args, env)
     assert proc.returncode == 0, proc.stderr
     expected = pipe.generate("The quick brown fox", max_new_tokens=8, stop_at_eos=False).text
     assert proc.stdout == expected + "\n"
@@ -78,7 +79,8 @@ def test_json_output(model_dir, env, pipe):
 
 
 def test_show_ids(model_dir, env, pipe):
-    proc = run(["Hello", "--model-dir", str(model_dir), "--max-new-tokens", "3", "--show-ids", "--ignore-eos"], env)
+    args = ["Hello", "--model-dir", str(model_dir), "--max-new-tokens", "3", "--show-ids", "--ignore-eos"]
+    proc = run(args, env)
     assert proc.returncode == 0, proc.stderr
     ids = pipe.generate("Hello", max_new_tokens=3, stop_at_eos=False).ids
     assert f"prompt ids: {pipe.tokenizer.encode('Hello')}" in proc.stderr

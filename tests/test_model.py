@@ -71,7 +71,7 @@ def test_batch_equals_one_by_one(logits_model):
     model, golden, _ = logits_model
     a, b = golden["ids_3"], golden["ids_4"][:16]
     both = model.forward(np.stack([a, b]), all_logits=True)
-    for row, ids in zip(both, (a, b)):
+    for row, ids in zip(both, (a, b), strict=True):
         np.testing.assert_allclose(row, model.forward(ids[None], all_logits=True)[0], rtol=1e-5, atol=1e-5)
 
 
@@ -81,7 +81,8 @@ def test_greedy_matches_transformers(greedy_pipeline):
     for case in meta["cases"]:
         assert pipe.encode(case["prompt"]) == case["prompt_ids"], case["prompt"]
         result = pipe.generate(case["prompt"], max_new_tokens=len(case["greedy_ids"]), stop_at_eos=False)
-        for step, (ours, ref, gap) in enumerate(zip(result.ids, case["greedy_ids"], case["relative_gaps"])):
+        steps = zip(result.ids, case["greedy_ids"], case["relative_gaps"], strict=True)
+        for step, (ours, ref, gap) in enumerate(steps):
             if gap < NEAR_TIE:
                 break
             assert ours == ref, f"{case['prompt']!r}: step {step}: ours {ours}, transformers {ref}"

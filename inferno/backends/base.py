@@ -60,7 +60,7 @@ class Backend(ABC):
         """
         return None
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (optional hook, deliberately empty)
         """Release resources (worker pools, device memory). The default has none."""
 
     # ------------------------------------------------------------------------------------------ kernels
