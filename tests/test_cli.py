@@ -41,9 +41,8 @@ def env(tmp_path) -> dict[str, str]:
 
 
 def run(args: list[str], env: dict[str, str], cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "inferno", *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=120
-    )
+    command = [sys.executable, "-m", "inferno", *args]
+    return subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd, timeout=120)
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
