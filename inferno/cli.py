@@ -169,6 +169,19 @@ def _register_bench() -> None:
     SUBCOMMANDS["bench"] = run_bench_cli
 
 
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from inferno.backends.registry import BackendUnavailableError, UnknownBackendError
+    from inferno.config import ConfigError
+    from inferno.generate import GenerationError
+    from inferno.hub import ModelFilesMissing
+    from inferno.sampling import SamplingError
+    from inferno.tokenizer import TokenizerError
+    from inferno.weights import WeightsError
+
+    return (CliError, ConfigError, WeightsError, TokenizerError, ModelFilesMissing, UnknownBackendError,
+            BackendUnavailableError, GenerationError, SamplingError, OSError)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _register_bench()
@@ -181,9 +194,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         return 0
-    except (CliError, ValueError, FileNotFoundError, RuntimeError, OSError) as exc:
-        # Our loaders raise these with messages that name the file, tensor, key or flag.
-        message = " ".join(str(exc).split("\n"))
+    except _user_errors() as exc:
+        # Our loaders raise these with messages that name the file, tensor, key or flag; anything else
+        # is a bug and keeps its traceback.
+        message = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
         print(f"inferno: error: {message}", file=sys.stderr)
         return EXIT_USAGE
 

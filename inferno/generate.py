@@ -16,7 +16,11 @@ from inferno.model import Gpt2
 from inferno.sampling import Sampler, SamplingParams
 
 
-class ContextLengthError(ValueError):
+class GenerationError(ValueError):
+    """A bad generation request (prompt ids, budget); the message says which."""
+
+
+class ContextLengthError(GenerationError):
     """The prompt does not fit the model's context window."""
 
 
@@ -88,13 +92,13 @@ def generate_tokens(
 ) -> TokenStream:
     """Stream new token ids for one prompt (batch 1). Validates the prompt and the budget first."""
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+        raise GenerationError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
     prompt = [int(i) for i in prompt_ids]
     if not prompt:
-        raise ValueError("the prompt has no tokens (start from <|endoftext|> for unconditional text)")
+        raise GenerationError("the prompt has no tokens (start from <|endoftext|> for unconditional text)")
     vocab = model.config.vocab_size
     bad = [i for i in prompt if not 0 <= i < vocab]
     if bad:
-        raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab})")
+        raise GenerationError(f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab})")
     check_prompt(prompt, model.config.n_positions)
     return TokenStream(model, prompt, max_new_tokens, params or SamplingParams(), frozenset(stop_ids))

@@ -14,6 +14,10 @@ PRESETS: dict[str, dict[str, float | int]] = {
 }
 
 
+class SamplingError(ValueError):
+    """A sampling parameter is out of range; the message names it."""
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """temperature 0 means greedy; top_k 0 and top_p 1 mean "no cut"."""
@@ -26,13 +30,13 @@ class SamplingParams:
     def __post_init__(self) -> None:
         t, k, p = self.temperature, self.top_k, self.top_p
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
-            raise ValueError(f"temperature must be a finite number >= 0, got {t!r}")
+            raise SamplingError(f"temperature must be a finite number >= 0, got {t!r}")
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-            raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {k!r}")
+            raise SamplingError(f"top_k must be an integer >= 0 (0 = off), got {k!r}")
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not (0.0 < p <= 1.0):
-            raise ValueError(f"top_p must be in (0, 1], got {p!r}")
+            raise SamplingError(f"top_p must be in (0, 1], got {p!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
-            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+            raise SamplingError(f"seed must be an integer, got {self.seed!r}")
 
     @property
     def greedy(self) -> bool:
