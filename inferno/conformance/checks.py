@@ -1,0 +1,581 @@
+"""The conformance checks: every kernel, the compositions, the KV cache and a whole model.
+
+Each `Check` runs one case of one kernel on a backend and raises `ConformanceError` (an
+AssertionError) whose message starts with the kernel and the case, e.g.::
+
+    layernorm [small-variance: x [2, 3, 768] ~ N(0, 0.003²), eps 1e-5]: output differs from the
+    float64 reference in 4608 of 4608 elements; worst at (0, 0, 12): got 0.71, expected 0.49 ...
+
+Inputs are random (seeded by the check's id, so runs are reproducible), rounded to float32 on the host
+and then to whatever the backend holds; the float64 reference (`inferno.conformance.reference`)
+starts from exactly the values the backend holds, so only the kernel's own arithmetic is measured.
+
+**Tolerances** depend on the backend's compute dtype (`Backend.dtype`). An element passes when
+
+    |got - expected| <= rtol * |expected| + atol * max|expected|
+
+i.e. `atol` is relative to the largest magnitude in the expected output, so it scales with the case.
+
+    dtype      rtol    atol     why
+    float64    1e-6    1e-6     results cross `to_numpy` as float32 (rounding ~6e-8)
+    float32    1e-4    1e-5     a few float32 roundings, sums of up to 3072 terms
+    float16    1e-2    1e-2     11-bit significand
+    bfloat16   5e-2    5e-2     8-bit significand (unknown dtypes get these too)
+
+Checks that chain kernels (compositions, cached decode, the model) allow a multiple of that (`factor`).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from inferno.backends.base import Backend
+from inferno.conformance import reference as ref
+
+KINDS = ("kernel", "composition", "cache", "model")
+
+
+class ConformanceError(AssertionError):
+    """A backend's result differs from the reference. The message starts with the kernel and the case."""
+
+    def __init__(self, kernel: str, case: str, message: str) -> None:
+        self.kernel = kernel
+        self.case = case
+        super().__init__(message)
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    rtol: float
+    #: Relative to the largest magnitude of the expected output.
+    atol: float
+
+    def __str__(self) -> str:
+        return f"rtol={self.rtol:g}, atol={self.atol:g}×max|expected|"
+
+
+TOLERANCES: dict[str, Tolerance] = {
+    "float64": Tolerance(1e-6, 1e-6),
+    "float32": Tolerance(1e-4, 1e-5),
+    "float16": Tolerance(1e-2, 1e-2),
+    "bfloat16": Tolerance(5e-2, 5e-2),
+}
+
+
+def dtype_name(dtype: Any) -> str:
+    """"float32" for np.float32, np.dtype("float32"), "float32", torch.float32 ..."""
+    name = getattr(dtype, "name", None)
+    if not isinstance(name, str):
+        try:
+            name = np.dtype(dtype).name
+        except TypeError:
+            name = str(dtype)
+    return name.rsplit(".", 1)[-1]
+
+
+def tolerance_for(dtype: Any) -> Tolerance:
+    """The tolerance for a compute dtype; the loosest one for a dtype not in `TOLERANCES`."""
+    return TOLERANCES.get(dtype_name(dtype), TOLERANCES["bfloat16"])
+
+
+@dataclass(frozen=True)
+class Check:
+    """One case of one kernel. Call it with a backend: it returns None or raises `ConformanceError`."""
+
+    kernel: str
+    case: str
+    kind: str
+    #: The case in words (shapes, input distribution), for messages.
+    what: str
+    func: Callable[[_Run], None] = field(repr=False, compare=False)
+
+    @property
+    def id(self) -> str:
+        return f"{self.kernel}-{self.case}"
+
+    def __str__(self) -> str:
+        return self.id
+
+    def __call__(self, backend: Backend) -> None:
+        run = _Run(backend, self)
+        try:
+            self.func(run)
+        except ConformanceError:
+            raise
+        except Exception as exc:  # a kernel that crashes fails its check, named like any other failure
+            raise ConformanceError(self.kernel, self.case,
+                                   f"{run.label}: raised {type(exc).__name__}: {exc}") from exc
+
+
+class _Run:
+    """What a check function needs: seeded inputs, conversions, and the comparison."""
+
+    def __init__(self, backend: Backend, check: Check) -> None:
+        self.backend = backend
+        self.check = check
+        self.tol = tolerance_for(backend.dtype)
+        self.rng = np.random.default_rng(zlib.crc32(check.id.encode()))
+        self.label = f"{check.kernel} [{check.case}: {check.what}]"
+
+    def normal(self, shape, scale: float = 1.0, loc: float = 0.0) -> np.ndarray:
+        return (loc + scale * self.rng.standard_normal(shape)).astype(np.float32)
+
+    def array(self, host: np.ndarray) -> tuple[Any, np.ndarray]:
+        """(backend array, the values it holds as float64) for an activation."""
+        a = self.backend.from_numpy(np.asarray(host, dtype=np.float32))
+        return a, ref.f64(self.backend.to_numpy(a))
+
+    def weight(self, name: str, host: np.ndarray) -> tuple[Any, np.ndarray]:
+        """(prepared weight, the values it holds as float64); `name` is the Hub key it would have."""
+        host = np.asarray(host, dtype=np.float32)
+        held = ref.f64(self.backend.to_numpy(self.backend.from_numpy(host)))
+        return self.backend.prepare_weight(name, host), held
+
+    def ids(self, host: np.ndarray) -> Any:
+        return self.backend.from_numpy(np.asarray(host, dtype=np.int64))
+
+    def fail(self, message: str) -> None:
+        raise ConformanceError(self.check.kernel, self.check.case, f"{self.label}: {message}")
+
+    def host(self, actual: Any, what: str) -> np.ndarray:
+        got = self.backend.to_numpy(actual)
+        if not isinstance(got, np.ndarray):
+            self.fail(f"{what}: to_numpy returned {type(got).__name__}, not a numpy.ndarray")
+        return got
+
+    def expect(self, actual: Any, expected: np.ndarray, what: str = "output", factor: float = 1.0,
+               against: str = "the float64 reference") -> None:
+        """Compare a backend array (or host array) with the expected float64 values."""
+        got = actual if isinstance(actual, np.ndarray) else self.host(actual, what)
+        expected = ref.f64(expected)
+        if got.shape != expected.shape:
+            self.fail(f"{what} has shape {list(got.shape)}, expected {list(expected.shape)}")
+        if got.dtype.kind != "f":
+            self.fail(f"{what} has dtype {got.dtype} after to_numpy, expected a floating dtype")
+        got = ref.f64(got)
+        finite = np.isfinite(got)
+        if not finite.all():
+            idx = tuple(int(i) for i in np.argwhere(~finite)[0])
+            self.fail(f"{what} has {int((~finite).sum())} non-finite values of {got.size} "
+                      f"(first at {idx}: {got[idx]}, expected {expected[idx]:.6g})")
+        tol_r, tol_a = self.tol.rtol * factor, self.tol.atol * factor
+        scale = float(np.abs(expected).max()) if expected.size else 0.0
+        err = np.abs(got - expected)
+        bad = err > tol_r * np.abs(expected) + tol_a * scale
+        if bad.any():
+            idx = tuple(int(i) for i in np.unravel_index(np.argmax(np.where(bad, err, -1)), err.shape))
+            self.fail(
+                f"{what} differs from {against} in {int(bad.sum())} of {got.size} elements; worst at "
+                f"{idx}: got {got[idx]:.6g}, expected {expected[idx]:.6g} (error {err[idx]:.3g}; "
+                f"{dtype_name(self.backend.dtype)}: {self.tol}{f', ×{factor:g}' if factor != 1 else ''}, "
+                f"max|expected| = {scale:.3g})"
+            )
+
+
+# ------------------------------------------------------------------------------------------ registry
+
+_CHECKS: list[Check] = []
+
+
+def _add(kernel: str, case: str, what: str, func: Callable[..., None], kind: str = "kernel", **params):
+    _CHECKS.append(Check(kernel, case, kind, what, partial(func, **params) if params else func))
+
+
+def all_checks(kinds: Iterable[str] | None = None, kernels: Iterable[str] | None = None) -> list[Check]:
+    """The checks, in a fixed order, optionally only some kinds ("kernel", "composition", "cache",
+    "model") or kernels ("layernorm", ...)."""
+    kinds = set(KINDS if kinds is None else kinds)
+    unknown = kinds - set(KINDS)
+    if unknown:
+        raise ValueError(f"unknown check kinds {sorted(unknown)}; expected some of {KINDS}")
+    keep = None if kernels is None else set(kernels)
+    return [c for c in _CHECKS if c.kind in kinds and (keep is None or c.kernel in keep)]
+
+
+def check_backend(backend: Backend, checks: Iterable[Check] | None = None) -> None:
+    """Run every check (or `checks`) on `backend`; raise one AssertionError listing all the failures."""
+    failures = []
+    for check in all_checks() if checks is None else checks:
+        try:
+            check(backend)
+        except ConformanceError as exc:
+            failures.append(str(exc))
+    if failures:
+        head = f"{len(failures)} conformance checks failed for {backend!r}:"
+        raise AssertionError("\n".join([head, *failures]))
+
+
+def _shape(a) -> str:
+    return "[" + ", ".join(str(n) for n in a) + "]"
+
+
+# ------------------------------------------------------------------------------------------ boundary
+
+
+def _roundtrip_float(run: _Run) -> None:
+    # Values every float format holds approximately: the check is the trip, not the precision.
+    host = run.normal((3, 7), scale=10.0)
+    run.expect(run.backend.from_numpy(host), host, what="to_numpy(from_numpy(x))",
+               against="the input")
+
+
+def _roundtrip_ids(run: _Run) -> None:
+    host = np.array([[0, 50256, 7], [1, 2, 50000]], dtype=np.int64)
+    got = run.host(run.ids(host), "to_numpy(from_numpy(ids))")
+    if got.dtype.kind not in "iu" or got.shape != host.shape or not np.array_equal(got, host):
+        run.fail(f"integer ids came back as {got.dtype} {list(got.shape)} {got.tolist()}, "
+                 f"expected integers {host.tolist()}")
+
+
+_add("from_numpy", "roundtrip-float", "x [3, 7] ~ N(0, 10²)", _roundtrip_float)
+_add("from_numpy", "roundtrip-ids", "int64 ids [2, 3] up to 50256", _roundtrip_ids)
+
+
+# ------------------------------------------------------------------------------------------- kernels
+
+
+def _linear(run: _Run, x_shape, n_out, bias=True, name="h.0.mlp.c_fc") -> None:
+    n_in = x_shape[-1]
+    x, x64 = run.array(run.normal(x_shape))
+    w, w64 = run.weight(f"{name}.weight", run.normal((n_in, n_out), scale=n_in**-0.5))
+    b, b64 = run.weight(f"{name}.bias", run.normal(n_out, scale=0.1)) if bias else (None, None)
+    run.expect(run.backend.linear(x, w, b), ref.linear(x64, w64, b64))
+
+
+for _case, _x, _out, _bias, _name in [
+    ("gpt2-c_attn", (1, 4, 768), 2304, True, "h.0.attn.c_attn"),
+    ("gpt2-c_fc", (1, 4, 768), 3072, True, "h.0.mlp.c_fc"),
+    ("gpt2-c_proj", (1, 4, 3072), 768, True, "h.0.mlp.c_proj"),
+    ("batch-T1", (3, 1, 40), 24, True, "h.0.attn.c_proj"),
+    ("no-bias", (2, 3, 17), 9, False, "h.0.mlp.c_fc"),
+    ("2d-input", (5, 16), 8, True, "h.0.mlp.c_fc"),
+]:
+    _add("linear", _case, f"x {_shape(_x)} @ w [{_x[-1]}, {_out}]" + (" + b" if _bias else ", b None"),
+         _linear, x_shape=_x, n_out=_out, bias=_bias, name=_name)
+
+
+def _gelu(run: _Run, shape, scale) -> None:
+    x, x64 = run.array(run.normal(shape, scale=scale))
+    run.expect(run.backend.gelu_new(x), ref.gelu_new(x64))
+
+
+_add("gelu_new", "gpt2-4C", "x [1, 4, 3072] ~ N(0, 3²)", _gelu, shape=(1, 4, 3072), scale=3.0)
+_add("gelu_new", "large", "x [2, 3, 64] ~ N(0, 20²) (tanh saturates)", _gelu, shape=(2, 3, 64), scale=20.0)
+_add("gelu_new", "T1", "x [1, 1, 768] ~ N(0, 1)", _gelu, shape=(1, 1, 768), scale=1.0)
+
+
+def _layernorm(run: _Run, shape, loc=0.0, scale=1.0, eps=1e-5, factor=1.0) -> None:
+    c = shape[-1]
+    x, x64 = run.array(run.normal(shape, scale=scale, loc=loc))
+    g, g64 = run.weight("h.0.ln_1.weight", run.normal(c, scale=0.2, loc=1.0))
+    b, b64 = run.weight("h.0.ln_1.bias", run.normal(c, scale=0.2))
+    run.expect(run.backend.layernorm(x, g, b, eps), ref.layernorm(x64, g64, b64, eps), factor=factor)
+
+
+_add("layernorm", "gpt2", "x [2, 4, 768] ~ N(0, 1), eps 1e-5", _layernorm, shape=(2, 4, 768))
+# Even a two-pass layer norm loses ~eps·mean/std here (the mean is rounded), hence the factor; a one-pass
+# E[x²] - E[x]² loses eps·(mean/std)² and fails by far.
+_add("layernorm", "large-mean", "x [2, 3, 768] ~ 1e4 + N(0, 10²), eps 1e-5 (var ≪ mean²)", _layernorm,
+     shape=(2, 3, 768), loc=1e4, scale=10.0, factor=10)
+_add("layernorm", "small-variance", "x [2, 3, 768] ~ N(0, 0.003²), eps 1e-5 (eps ~ variance)", _layernorm,
+     shape=(2, 3, 768), scale=3e-3)
+_add("layernorm", "eps-1e-3", "x [1, 2, 64] ~ N(0, 0.03²), eps 1e-3 (eps is an argument)", _layernorm,
+     shape=(1, 2, 64), scale=0.03, eps=1e-3)
+_add("layernorm", "2d-input", "x [3, 768] ~ N(0, 1), eps 1e-5", _layernorm, shape=(3, 768))
+_add("layernorm", "T1-odd-C", "x [3, 1, 15] ~ N(0, 1), eps 1e-5", _layernorm, shape=(3, 1, 15))
+
+
+def _softmax(run: _Run, shape, scale=1.0, loc=0.0, masked=False) -> None:
+    host = run.normal(shape, scale=scale, loc=loc)
+    if masked:
+        # -inf where attention masks; column 0 stays finite so no row is all -inf.
+        host[..., 1:][run.rng.random(host[..., 1:].shape) < 0.5] = -np.inf
+    x, x64 = run.array(host)
+    run.expect(run.backend.softmax(x), ref.softmax(x64))
+
+
+_add("softmax", "gpt2-vocab", "x [2, 2, 50257] ~ N(0, 3²)", _softmax, shape=(2, 2, 50257), scale=3.0)
+_add("softmax", "gpt2-scores", "x [1, 12, 9, 9] ~ N(0, 1)", _softmax, shape=(1, 12, 9, 9))
+_add("softmax", "large-magnitude", "x [2, 3, 50] ~ N(0, 1e4²) (needs the max subtracted)", _softmax,
+     shape=(2, 3, 50), scale=1e4)
+_add("softmax", "large-negative", "x [2, 3, 50] ~ -2e4 + N(0, 3²) (needs the max subtracted)", _softmax,
+     shape=(2, 3, 50), scale=3.0, loc=-2e4)
+_add("softmax", "masked", "x [2, 4, 16] ~ N(0, 1) with half the entries -inf", _softmax,
+     shape=(2, 4, 16), masked=True)
+
+
+def _add_kernel(run: _Run) -> None:
+    a, a64 = run.array(run.normal((2, 4, 768)))
+    b, b64 = run.array(run.normal((2, 4, 768)))
+    run.expect(run.backend.add(a, b), a64 + b64)
+
+
+_add("add", "gpt2", "a, b [2, 4, 768]", _add_kernel)
+
+
+def _embedding(run: _Run, v, c, p, ids, offset) -> None:
+    ids = np.asarray(ids, dtype=np.int64)
+    wte, wte64 = run.weight("wte.weight", run.normal((v, c), scale=0.5))
+    wpe, wpe64 = run.weight("wpe.weight", run.normal((p, c), scale=0.1))
+    got = run.backend.embedding(wte, wpe, run.ids(ids), offset)
+    run.expect(got, ref.embedding(wte64, wpe64, ids, offset))
+
+
+_add("embedding", "gpt2-vocab", "wte [50257, 32], wpe [1024, 32], ids [2, 5] incl. 0 and 50256, offset 0",
+     _embedding, v=50257, c=32, p=1024, ids=[[0, 50256, 11, 11, 464], [50256, 3, 0, 25000, 9]], offset=0)
+_add("embedding", "gpt2-width", "wte [300, 768], wpe [1024, 768], ids [1, 4], offset 0", _embedding,
+     v=300, c=768, p=1024, ids=[[299, 5, 5, 0]], offset=0)
+_add("embedding", "offset", "wte [50, 16], wpe [20, 16], ids [2, 3], offset 7", _embedding,
+     v=50, c=16, p=20, ids=[[1, 2, 3], [49, 0, 7]], offset=7)
+_add("embedding", "last-positions", "wte [50, 16], wpe [20, 16], ids [1, 4], offset 16 (up to P - 1)",
+     _embedding, v=50, c=16, p=20, ids=[[4, 3, 2, 1]], offset=16)
+_add("embedding", "T1", "wte [50, 16], wpe [20, 16], ids [3, 1], offset 11", _embedding,
+     v=50, c=16, p=20, ids=[[5], [6], [49]], offset=11)
+
+
+def _split_heads(run: _Run, b, t, h, d) -> None:
+    qkv, qkv64 = run.array(run.normal((b, t, 3 * h * d)))
+    got = run.backend.split_heads(qkv, h)
+    if not isinstance(got, tuple | list) or len(got) != 3:
+        run.fail(f"returned {type(got).__name__}, expected a tuple (q, k, v)")
+    for name, g, e in zip("qkv", got, ref.split_heads(qkv64, h), strict=True):
+        run.expect(g, e, what=name)
+
+
+def _merge_heads(run: _Run, b, t, h, d) -> None:
+    y, y64 = run.array(run.normal((b, h, t, d)))
+    run.expect(run.backend.merge_heads(y), ref.merge_heads(y64))
+
+
+for _case, (_b, _t, _h, _d) in {
+    "gpt2": (2, 5, 12, 64), "H3-D5": (2, 4, 3, 5), "T1": (1, 1, 12, 64)
+}.items():
+    _add("split_heads", _case, f"qkv [{_b}, {_t}, {3 * _h * _d}], H {_h}", _split_heads,
+         b=_b, t=_t, h=_h, d=_d)
+    _add("merge_heads", _case, f"y {_shape((_b, _h, _t, _d))}", _merge_heads, b=_b, t=_t, h=_h, d=_d)
+
+
+def _new_kv_cache(run: _Run, shape) -> None:
+    kv = run.backend.new_kv_cache(*shape)
+    if not isinstance(kv, tuple | list) or len(kv) != 2:
+        run.fail(f"returned {type(kv).__name__}, expected a tuple (k_cache, v_cache)")
+    for name, a in zip(("k_cache", "v_cache"), kv, strict=True):
+        run.expect(a, np.zeros(shape), what=name)
+
+
+_add("new_kv_cache", "gpt2", "[2, 12, 16, 64]", _new_kv_cache, shape=(2, 12, 16, 64))
+_add("new_kv_cache", "H3-D5", "[3, 3, 7, 5]", _new_kv_cache, shape=(3, 3, 7, 5))
+
+
+def _write_kv(run: _Run, shape, writes) -> None:
+    """Write chunks (offset, T) in turn; after each, the whole cache must hold exactly what was written."""
+    b, h, length, d = shape
+    k_cache, v_cache = run.backend.new_kv_cache(b, h, length, d)
+    k_want, v_want = np.zeros(shape), np.zeros(shape)
+    for offset, t in writes:
+        k, k64 = run.array(run.normal((b, h, t, d)))
+        v, v64 = run.array(run.normal((b, h, t, d)))
+        k_cache, v_cache = run.backend.write_kv(k_cache, v_cache, k, v, offset)
+        k_want[:, :, offset : offset + t], v_want[:, :, offset : offset + t] = k64, v64
+        run.expect(k_cache, k_want, what=f"k_cache after writing {t} at offset {offset}")
+        run.expect(v_cache, v_want, what=f"v_cache after writing {t} at offset {offset}")
+
+
+_add("write_kv", "prefill-then-decode", "cache [2, 3, 10, 5]; write T=4 at 0, 1 at 4, 2 at 5", _write_kv,
+     shape=(2, 3, 10, 5), writes=[(0, 4), (4, 1), (5, 2)])
+_add("write_kv", "gpt2-offset", "cache [1, 12, 32, 64]; write T=7 at 9", _write_kv,
+     shape=(1, 12, 32, 64), writes=[(9, 7)])
+_add("write_kv", "to-the-end", "cache [2, 3, 6, 5]; write T=3 at 3 (the last slots)", _write_kv,
+     shape=(2, 3, 6, 5), writes=[(3, 3)])
+
+
+def _fill_cache(run: _Run, b, h, length, d, valid):
+    """A cache whose first `valid` positions hold random keys/values, and the rest large garbage that
+    attention must ignore. Returns (k_cache, v_cache, k64, v64) with k64, v64 the valid part."""
+    k_cache, v_cache = run.backend.new_kv_cache(b, h, length, d)
+    k, k64 = run.array(run.normal((b, h, valid, d)))
+    v, v64 = run.array(run.normal((b, h, valid, d)))
+    k_cache, v_cache = run.backend.write_kv(k_cache, v_cache, k, v, 0)
+    if valid < length:
+        junk_k, _ = run.array(run.normal((b, h, length - valid, d), scale=100.0))
+        junk_v, _ = run.array(run.normal((b, h, length - valid, d), scale=100.0))
+        k_cache, v_cache = run.backend.write_kv(k_cache, v_cache, junk_k, junk_v, valid)
+    return k_cache, v_cache, k64, v64
+
+
+def _attention(run: _Run, b, h, t, d, offset, length) -> None:
+    k_cache, v_cache, k64, v64 = _fill_cache(run, b, h, length, d, offset + t)
+    q, q64 = run.array(run.normal((b, h, t, d)))
+    run.expect(run.backend.attention(q, k_cache, v_cache, offset), ref.attention(q64, k64, v64, offset))
+
+
+for _case, (_b, _h, _t, _d, _off, _len) in {
+    "gpt2-prefill": (1, 12, 16, 64, 0, 16),
+    "gpt2-decode": (1, 12, 1, 64, 20, 32),
+    "chunk-at-offset": (2, 3, 4, 5, 6, 12),
+    "T1-offset-0": (2, 3, 1, 5, 0, 4),
+    "prefill-long-cache": (3, 5, 7, 7, 0, 9),
+}.items():
+    _add("attention", _case,
+         f"q {_shape((_b, _h, _t, _d))} at offset {_off}, cache length {_len} (garbage past {_off + _t})",
+         _attention, b=_b, h=_h, t=_t, d=_d, offset=_off, length=_len)
+
+
+def _lm_head(run: _Run, x_shape, v) -> None:
+    x, x64 = run.array(run.normal(x_shape))
+    wte, wte64 = run.weight("wte.weight", run.normal((v, x_shape[-1]), scale=0.5))
+    run.expect(run.backend.lm_head(x, wte), ref.lm_head(x64, wte64))
+
+
+_add("lm_head", "gpt2-width", "x [1, 3, 768], wte [4099, 768]", _lm_head, x_shape=(1, 3, 768), v=4099)
+_add("lm_head", "gpt2-vocab", "x [1, 2, 64], wte [50257, 64]", _lm_head, x_shape=(1, 2, 64), v=50257)
+_add("lm_head", "2d-input", "x [3, 48], wte [97, 48] (the last position of each sequence)", _lm_head,
+     x_shape=(3, 48), v=97)
+
+
+# -------------------------------------------------------------------------------------- compositions
+
+
+def _mlp(run: _Run, x_shape) -> None:
+    c = x_shape[-1]
+    x, x64 = run.array(run.normal(x_shape))
+    w_fc, w_fc64 = run.weight("h.0.mlp.c_fc.weight", run.normal((c, 4 * c), scale=c**-0.5))
+    b_fc, b_fc64 = run.weight("h.0.mlp.c_fc.bias", run.normal(4 * c, scale=0.1))
+    w_pr, w_pr64 = run.weight("h.0.mlp.c_proj.weight", run.normal((4 * c, c), scale=(4 * c) ** -0.5))
+    b_pr, b_pr64 = run.weight("h.0.mlp.c_proj.bias", run.normal(c, scale=0.1))
+    run.expect(run.backend.mlp(x, w_fc, b_fc, w_pr, b_pr), ref.mlp(x64, w_fc64, b_fc64, w_pr64, b_pr64),
+               factor=2)
+
+
+_add("mlp", "gpt2", "x [1, 4, 768], C 768 → 3072 → 768", _mlp, kind="composition", x_shape=(1, 4, 768))
+_add("mlp", "batch-odd-C", "x [2, 3, 15], C 15 → 60 → 15", _mlp, kind="composition", x_shape=(2, 3, 15))
+
+
+def _attn_weights(run: _Run, c):
+    w = run.weight("h.0.attn.c_attn.weight", run.normal((c, 3 * c), scale=c**-0.5))
+    b = run.weight("h.0.attn.c_attn.bias", run.normal(3 * c, scale=0.1))
+    wp = run.weight("h.0.attn.c_proj.weight", run.normal((c, c), scale=c**-0.5))
+    bp = run.weight("h.0.attn.c_proj.bias", run.normal(c, scale=0.1))
+    return [p[0] for p in (w, b, wp, bp)], [p[1] for p in (w, b, wp, bp)]
+
+
+def _self_attention(run: _Run, b, c, h, chunks, length) -> None:
+    """Call self_attention on consecutive chunks of T positions, sharing one cache."""
+    weights, weights64 = _attn_weights(run, c)
+    kv = run.backend.new_kv_cache(b, h, length, c // h)
+    k64 = v64 = None
+    offset = 0
+    for t in chunks:
+        x, x64 = run.array(run.normal((b, t, c)))
+        y, kv = run.backend.self_attention(x, *weights, kv, offset, h)
+        want, k64, v64 = ref.self_attention(x64, *weights64, h, k64, v64)
+        at = f"output of T={t} at offset {offset}"
+        run.expect(y, want, what=at, factor=4)
+        for name, cache, want_cache in (("k_cache", kv[0], k64), ("v_cache", kv[1], v64)):
+            got = run.host(cache, name)[:, :, : offset + t]
+            run.expect(got, want_cache, what=f"{name} positions 0..{offset + t - 1} after the {at}", factor=4)
+        offset += t
+
+
+_add("self_attention", "gpt2-prefill", "x [1, 6, 768], H 12, cache 16", _self_attention, kind="composition",
+     b=1, c=768, h=12, chunks=[6], length=16)
+_add("self_attention", "gpt2-decode", "x [1, 4, 768] then [1, 1, 768] twice, H 12, cache 8", _self_attention,
+     kind="composition", b=1, c=768, h=12, chunks=[4, 1, 1], length=8)
+_add("self_attention", "H3-D5-chunks", "x [2, T, 15] for T = 5, 1, 2, H 3, cache 9", _self_attention,
+     kind="composition", b=2, c=15, h=3, chunks=[5, 1, 2], length=9)
+
+
+# ------------------------------------------------------------------------------------------ KV cache
+
+
+def _cached_decode(run: _Run, b, h, d, chunks, length) -> None:
+    """Attention over a cache filled chunk by chunk (T=1 = token by token) equals one full prefill.
+
+    Compared twice: with the backend's own full recompute and with the reference.
+    """
+    total = sum(chunks)
+    q_host, k_host, v_host = (run.normal((b, h, total, d)) for _ in range(3))
+    q_all, q64 = run.array(q_host)
+    k_all, k64 = run.array(k_host)
+    v_all, v64 = run.array(v_host)
+    kv = run.backend.new_kv_cache(b, h, total, d)
+    kv = run.backend.write_kv(*kv, k_all, v_all, 0)
+    full = run.host(run.backend.attention(q_all, *kv, 0), "full prefill")
+
+    k_cache, v_cache = run.backend.new_kv_cache(b, h, length, d)
+    outs, offset = [], 0
+    for t in chunks:
+        sl = slice(offset, offset + t)
+        k, _ = run.array(k_host[:, :, sl])
+        v, _ = run.array(v_host[:, :, sl])
+        q, _ = run.array(q_host[:, :, sl])
+        k_cache, v_cache = run.backend.write_kv(k_cache, v_cache, k, v, offset)
+        outs.append(run.host(run.backend.attention(q, k_cache, v_cache, offset), f"step at offset {offset}"))
+        offset += t
+    stepped = np.concatenate(outs, axis=2)
+    run.expect(stepped, full, what="step-by-step outputs", against="the backend's own full prefill", factor=4)
+    run.expect(stepped, ref.attention(q64, k64, v64, 0), what="step-by-step outputs", factor=4)
+
+
+_add("kv_cache", "token-by-token", "B 2, H 3, D 5: 9 positions one at a time, cache 12", _cached_decode,
+     kind="cache", b=2, h=3, d=5, chunks=[1] * 9, length=12)
+_add("kv_cache", "chunked", "B 2, H 3, D 5: chunks of 4, 1, 3, 1, cache 9", _cached_decode,
+     kind="cache", b=2, h=3, d=5, chunks=[4, 1, 3, 1], length=9)
+_add("kv_cache", "gpt2-decode", "B 1, H 12, D 64: prefill 6, then 4 tokens, cache 16", _cached_decode,
+     kind="cache", b=1, h=12, d=64, chunks=[6, 1, 1, 1, 1], length=16)
+
+
+# ---------------------------------------------------------------------------------------- end to end
+
+
+def _model(run: _Run, n_embd, n_head, n_layer, vocab, batch, chunks) -> None:
+    """A small random GPT-2 through `inferno.model`: logits on this backend against the numpy backend
+    in float64, for a prefill and the cached decode steps after it."""
+    from inferno.backends.numpy_backend import NumpyBackend
+    from inferno.config import Gpt2Config
+    from inferno.model import Gpt2
+
+    total = sum(chunks)
+    config = Gpt2Config(vocab_size=vocab, n_positions=total + 3, n_embd=n_embd, n_layer=n_layer,
+                        n_head=n_head, bos_token_id=vocab - 1, eos_token_id=vocab - 1)
+    weights = _random_weights(run, config)
+    ids = run.rng.integers(0, vocab, size=(batch, total))
+    oracle = Gpt2.from_weights(config, weights, NumpyBackend("float64"))
+    want = oracle.forward(ids, all_logits=True)  # [B, total, V], no cache: one prefill
+
+    model = Gpt2.from_weights(config, weights, run.backend)
+    cache = model.new_cache(batch)
+    offset = 0
+    for t in chunks:
+        logits = run.host(model.forward(ids[:, offset : offset + t], cache, all_logits=True), "logits")
+        run.expect(logits, want[:, offset : offset + t], factor=10,
+                   what=f"logits of positions {offset}..{offset + t - 1}" + (" (cached)" if offset else ""),
+                   against="the numpy backend in float64")
+        offset += t
+
+
+def _random_weights(run: _Run, config) -> dict[str, np.ndarray]:
+    c, v, p = config.n_embd, config.vocab_size, config.n_positions
+    w = {"wte.weight": run.normal((v, c), scale=0.5), "wpe.weight": run.normal((p, c), scale=0.1),
+         "ln_f.weight": run.normal(c, scale=0.2, loc=1.0), "ln_f.bias": run.normal(c, scale=0.2)}
+    for i in range(config.n_layer):
+        for ln in ("ln_1", "ln_2"):
+            w[f"h.{i}.{ln}.weight"] = run.normal(c, scale=0.2, loc=1.0)
+            w[f"h.{i}.{ln}.bias"] = run.normal(c, scale=0.2)
+        for name, n_in, n_out in (("attn.c_attn", c, 3 * c), ("attn.c_proj", c, c),
+                                  ("mlp.c_fc", c, 4 * c), ("mlp.c_proj", 4 * c, c)):
+            w[f"h.{i}.{name}.weight"] = run.normal((n_in, n_out), scale=n_in**-0.5)
+            w[f"h.{i}.{name}.bias"] = run.normal(n_out, scale=0.1)
+    return w
+
+
+_add("model", "small", "random GPT-2 C 48, H 3, 2 layers, V 101; B 2: prefill 5, then 3 tokens", _model,
+     kind="model", n_embd=48, n_head=3, n_layer=2, vocab=101, batch=2, chunks=[5, 1, 1, 1])
+_add("model", "gpt2-width", "random GPT-2 C 768, H 12, 1 layer, V 257; B 1: prefill 4, then 2 tokens",
+     _model, kind="model", n_embd=768, n_head=12, n_layer=1, vocab=257, batch=1, chunks=[4, 1, 1])

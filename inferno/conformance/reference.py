@@ -1,0 +1,96 @@
+"""The float64 reference the conformance suite checks backends against.
+
+Written straight from the definitions in `inferno.backends.base`, for clarity over speed, and
+independently of the NumPy backend (which is itself checked against it). Every function takes and
+returns float64 NumPy arrays.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def f64(a: np.ndarray) -> np.ndarray:
+    return np.asarray(a, dtype=np.float64)
+
+
+def linear(x, w, b=None):
+    y = f64(x) @ f64(w)
+    return y if b is None else y + f64(b)
+
+
+def gelu_new(x):
+    x = f64(x)
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+
+
+def layernorm(x, gamma, beta, eps):
+    x = f64(x)
+    mean = x.mean(axis=-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)  # biased, and in two passes
+    return (x - mean) / np.sqrt(var + eps) * f64(gamma) + f64(beta)
+
+
+def softmax(x):
+    x = f64(x)
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def embedding(wte, wpe, ids, offset):
+    t = ids.shape[-1]
+    return f64(wte)[ids] + f64(wpe)[offset : offset + t]
+
+
+def split_heads(qkv, n_head):
+    """[B, T, 3C] as [q | k | v] → three [B, H, T, D]."""
+    qkv = f64(qkv)
+    b, t, c3 = qkv.shape
+    c = c3 // 3
+    d = c // n_head
+    parts = qkv[..., :c], qkv[..., c : 2 * c], qkv[..., 2 * c :]
+    return tuple(p.reshape(b, t, n_head, d).transpose(0, 2, 1, 3) for p in parts)
+
+
+def merge_heads(y):
+    y = f64(y)
+    b, h, t, d = y.shape
+    return y.transpose(0, 2, 1, 3).reshape(b, t, h * d)
+
+
+def attention(q, k, v, offset):
+    """Causal attention of queries at positions offset.. over keys/values 0 .. offset + T - 1.
+
+    k, v may be longer than offset + T (a cache): the extra positions are ignored.
+    """
+    q = f64(q)
+    t, d = q.shape[2], q.shape[3]
+    s = offset + t
+    k, v = f64(k)[:, :, :s], f64(v)[:, :, :s]
+    scores = q @ k.swapaxes(-1, -2) / math.sqrt(d)
+    visible = np.arange(s)[None, :] <= (offset + np.arange(t))[:, None]  # [T, S]
+    return softmax(np.where(visible, scores, -np.inf)) @ v
+
+
+def lm_head(x, wte):
+    return f64(x) @ f64(wte).T
+
+
+def mlp(x, w_fc, b_fc, w_proj, b_proj):
+    return linear(gelu_new(linear(x, w_fc, b_fc)), w_proj, b_proj)
+
+
+def self_attention(x, w_attn, b_attn, w_proj, b_proj, n_head, k_past=None, v_past=None):
+    """Self-attention of x (positions offset.., offset = the past's length) after a past of keys/values.
+
+    Returns (output [B, T, C], k, v) where k, v [B, H, offset + T, D] include the past.
+    """
+    q, k, v = split_heads(linear(x, w_attn, b_attn), n_head)
+    offset = 0
+    if k_past is not None:
+        offset = k_past.shape[2]
+        k, v = np.concatenate([f64(k_past), k], axis=2), np.concatenate([f64(v_past), v], axis=2)
+    y = merge_heads(attention(q, k, v, offset))
+    return linear(y, w_proj, b_proj), k, v
