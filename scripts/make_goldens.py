@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from goldens import weights_sha256  # noqa: E402
+from hf_oracle import hf_greedy, hf_logits, hf_model  # noqa: E402
 from random_gpt2 import random_state_dict, small_config  # noqa: E402
 
 from inferno.tokenizer import Tokenizer  # noqa: E402
@@ -53,32 +54,6 @@ def build(spec: dict):
     return config, random_state_dict(config, seed)
 
 
-def hf_model(config, sd):
-    import torch
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    hc = GPT2Config(
-        vocab_size=config.vocab_size, n_positions=config.n_positions, n_embd=config.n_embd,
-        n_layer=config.n_layer, n_head=config.n_head, layer_norm_epsilon=config.layer_norm_epsilon,
-        bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
-        attn_implementation="eager",
-    )
-    model = GPT2LMHeadModel(hc).double().eval()
-    state = {f"transformer.{k}": torch.from_numpy(v.astype(np.float64)) for k, v in sd.items()}
-    state["lm_head.weight"] = state["transformer.wte.weight"]
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    assert not unexpected and all(k.endswith(".attn.bias") or k.endswith("masked_bias") for k in missing), (
-        missing, unexpected)
-    return model
-
-
-def hf_logits(model, ids: list[int]) -> np.ndarray:
-    import torch
-
-    with torch.no_grad():
-        return model(torch.tensor([ids])).logits[0].numpy()
-
-
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
@@ -98,12 +73,7 @@ def main() -> None:
     cases = []
     for text in PROMPTS:
         ids = tok.encode(text)
-        new, gaps = [], []
-        for _ in range(GREEDY_TOKENS):
-            last = hf_logits(model, ids + new)[-1]
-            top2 = np.sort(last)[-2:]
-            gaps.append(float((top2[1] - top2[0]) / np.abs(last).max()))
-            new.append(int(np.argmax(last)))
+        new, gaps = hf_greedy(model, ids, GREEDY_TOKENS)
         cases.append({"prompt": text, "prompt_ids": ids, "greedy_ids": new, "relative_gaps": gaps})
     meta = {"model": GREEDY_MODEL, "weights_sha256": weights_sha256(sd), "cases": cases,
             "source": "transformers GPT2LMHeadModel, float64, eager attention, argmax of full recompute"}
