@@ -1,0 +1,173 @@
+"""The ``torch`` backend: inferno's Array API kernels on PyTorch tensors, on CUDA, MPS or the CPU.
+
+    inferno --backend torch "Hello"                          # device auto: cuda, then mps, then cpu
+    inferno --backend torch:device=cpu "Hello"
+    inferno --backend torch:device=cuda,dtype=bfloat16 "Hello"
+
+Most kernels are inherited from `ArrayApiBackend`, written once against the Array API standard and run
+here through ``array_api_compat.torch``. The few overridden below are where torch has a fused kernel
+that is clearly faster or more accurate; each says why.
+
+This module must stay importable without torch: the registry imports it on every machine to call the
+hook, so torch is imported only when a `TorchBackend` is constructed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from inferno.backends.array_api import ArrayApiBackend
+from inferno.backends.base import Array
+from inferno.backends.hookspecs import hookimpl
+from inferno.backends.registry import BackendUnavailableError
+
+if TYPE_CHECKING:
+    import torch
+
+#: Compute dtypes by name. float32 is the default; float64 is for checks (not on MPS).
+DTYPES = ("float32", "bfloat16", "float16", "float64")
+DEVICE_TYPES = ("cpu", "cuda", "mps")
+OPTIONS = ("device", "dtype")
+
+
+class TorchBackend(ArrayApiBackend):
+    name = "torch"
+    description = ("PyTorch tensors through array-api-compat on CUDA, MPS or the CPU "
+                   "(device=auto|cpu|cuda[:N]|mps, dtype=float32|bfloat16|float16).")
+
+    def __init__(self, device: Any = None, dtype: Any = "float32", **unknown: Any) -> None:
+        """`device`: None or "auto" (cuda if available, then mps, then cpu), "cpu", "cuda", "cuda:N",
+        "mps" or a `torch.device`. `dtype`: the compute dtype, "float32" (default), "bfloat16",
+        "float16" or "float64" (a `torch.dtype` works too). Bad values raise ValueError naming the option.
+        """
+        if unknown:
+            raise ValueError(f"torch backend: unknown option {', '.join(map(repr, sorted(unknown)))} "
+                             f"(options: {', '.join(OPTIONS)})")
+        try:
+            import array_api_compat.torch as xp
+            import torch
+        except ImportError as exc:  # found by unavailable_reason, but broken (a missing shared library...)
+            raise BackendUnavailableError(f"backend 'torch' is unavailable: torch failed to import: {exc}") \
+                from exc
+        self._torch = torch
+        self._F = torch.nn.functional
+        dtype_name = _dtype_name(dtype)
+        torch_device = _resolve_device(torch, device)
+        if torch_device.type == "mps" and dtype_name == "float64":
+            raise ValueError("torch backend: option dtype='float64' is not supported on MPS "
+                             f"(choose one of {', '.join(d for d in DTYPES if d != 'float64')})")
+        super().__init__(xp=xp, dtype=dtype_name, device=torch_device)
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        # Only look for the packages: importing torch takes seconds, and `inferno backends` asks every
+        # backend. A torch that is found but fails to import is reported when the backend is constructed.
+        for module, hint in (("torch", "needs PyTorch: pip install torch (see pytorch.org for CUDA builds)"),
+                             ("array_api_compat", "needs array-api-compat: pip install array-api-compat")):
+            try:
+                found = importlib.util.find_spec(module) is not None
+            except (ImportError, ValueError):  # blocked, or a half-imported module without a spec
+                found = False
+            if not found:
+                return hint
+        return None
+
+    # ----------------------------------------------------------------------------------------- boundary
+
+    def to_numpy(self, a: Array) -> np.ndarray:
+        # The inherited DLPack path cannot read device memory: copy to the host first (a no-op on the
+        # CPU), then widen bfloat16/float16, which moves half the bytes over the bus.
+        t = a.detach().cpu()
+        if t.is_floating_point() and t.dtype != self._torch.float32:
+            t = t.float()
+        return t.numpy()
+
+    # ------------------------------------------------------------------------------------------ kernels
+
+    def linear(self, x, w, b):
+        # addmm adds the bias inside the GEMM: one kernel and one pass over the output, not two.
+        x2 = x.reshape(-1, x.shape[-1])
+        y = self._torch.mm(x2, w) if b is None else self._torch.addmm(b, x2, w)
+        return y.reshape(*x.shape[:-1], w.shape[-1])
+
+    def gelu_new(self, x):
+        # One fused kernel instead of eight elementwise passes; it computes half types in float32, where
+        # the inherited x³ overflows float16 for |x| > 40.
+        return self._F.gelu(x, approximate="tanh")
+
+    def layernorm(self, x, gamma, beta, eps):
+        # Fused, and accumulates half types in float32 (the inherited mean of bfloat16 values does not).
+        return self._F.layer_norm(x, (x.shape[-1],), gamma, beta, eps)
+
+    def softmax(self, x):
+        # Fused and max-subtracting, with float32 accumulation for half types.
+        return self._torch.softmax(x, dim=-1)
+
+    def attention(self, q, k_cache, v_cache, offset):
+        # scaled_dot_product_attention picks a fused kernel (flash / memory-efficient) for the device and
+        # never materialises the [T, S] scores in global memory on CUDA.
+        t = q.shape[2]
+        s = offset + t
+        k, v = k_cache[:, :, :s], v_cache[:, :, :s]
+        if t == 1:
+            # The only query is the newest position: it sees every valid key, no mask needed.
+            return self._F.scaled_dot_product_attention(q, k, v)
+        if offset == 0:
+            return self._F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        # SDPA's is_causal aligns the mask top-left, which is wrong when the queries start at offset > 0:
+        # query i (at position offset + i) may see keys 0 .. offset + i. True = attend.
+        rows = self._torch.arange(t, device=q.device)[:, None] + offset
+        mask = self._torch.arange(s, device=q.device)[None, :] <= rows
+        return self._F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def _dtype_name(dtype: Any) -> str:
+    # Accept "bfloat16" and torch.bfloat16 alike.
+    name = str(dtype).removeprefix("torch.")
+    if name not in DTYPES:
+        raise ValueError(f"torch backend: option dtype={dtype!r} is not supported "
+                         f"(choose one of {', '.join(DTYPES)})")
+    return name
+
+
+def _resolve_device(torch: Any, device: Any) -> torch.device:
+    """A `torch.device` for the `device` option, checked to exist here."""
+    if device is None or device == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if _mps_available(torch):
+            return torch.device("mps")
+        return torch.device("cpu")
+    expected = "expected auto, cpu, cuda, cuda:N or mps"
+    if isinstance(device, bool) or not isinstance(device, str | int | torch.device):
+        raise ValueError(f"torch backend: option device={device!r} is not a device ({expected})")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        raise ValueError(f"torch backend: option device={device!r} is not a device ({expected})") from None
+    if dev.type not in DEVICE_TYPES:
+        raise ValueError(f"torch backend: option device={device!r}: device type {dev.type!r} is not "
+                         f"supported ({expected})")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            why = "no GPU found" if torch.version.cuda else f"torch {torch.__version__} is built without CUDA"
+            raise ValueError(f"torch backend: option device={device!r}: CUDA is not available ({why})")
+        count = torch.cuda.device_count()
+        if dev.index is not None and dev.index >= count:
+            raise ValueError(f"torch backend: option device={device!r}: there are {count} CUDA devices "
+                             f"(cuda:0 .. cuda:{count - 1})")
+    if dev.type == "mps" and not _mps_available(torch):
+        raise ValueError(f"torch backend: option device={device!r}: MPS is not available here")
+    return dev
+
+
+def _mps_available(torch: Any) -> bool:
+    mps = getattr(torch.backends, "mps", None)
+    return bool(mps is not None and mps.is_available())
+
+
+@hookimpl
+def register_backends(register) -> None:
+    register(TorchBackend)

@@ -1,0 +1,170 @@
+"""The torch backend in this process: options, devices, and whole models against the numpy backend."""
+
+from __future__ import annotations
+
+import inferno
+import numpy as np
+import pytest
+from inferno.backends.registry import get_backend
+
+torch = pytest.importorskip("torch")
+
+from inferno_torch import TorchBackend  # noqa: E402
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else []) + (
+    ["mps"] if torch.backends.mps.is_available() else [])
+
+# End-to-end tolerance on the logits, relative to the largest |logit|: float32 agrees with NumPy's float32
+# to rounding (~1e-6 measured); the half types round every activation to 8 (bfloat16) or 11 (float16)
+# significant bits (measured ~1e-2 and ~1e-3 on this model), the conformance suite's own tolerances.
+TOLERANCE = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 5e-2}
+
+PROMPTS = [
+    "Hello", "The quick brown fox", "Once upon a time", "In 1492, Columbus", "def main():",
+    "¿Dónde está la biblioteca?", "GPT-2 is a transformer", "   leading spaces", "Numbers: 1, 2, 3,",
+    "新年快乐",
+]
+
+
+@pytest.fixture(scope="module")
+def numpy_pipe(model_dir):
+    return inferno.load(model_dir, "numpy", download=False)
+
+
+# ------------------------------------------------------------------------------------------- options
+
+
+def test_defaults():
+    be = get_backend("torch")
+    assert isinstance(be, TorchBackend)
+    assert be.dtype == np.float32 and be.float_dtype == torch.float32
+    want = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+    assert be.device.type == want  # auto: cuda, then mps, then cpu
+
+
+@pytest.mark.parametrize("spec, device, dtype, conformance_dtype", [
+    ("torch:device=cpu", "cpu", torch.float32, "float32"),
+    ("torch:device=auto,dtype=float32", None, torch.float32, "float32"),
+    ("torch:device=cpu,dtype=bfloat16", "cpu", torch.bfloat16, "bfloat16"),
+    ("torch:dtype=float16", None, torch.float16, "float16"),
+    ("torch:device=cpu,dtype=float64", "cpu", torch.float64, "float64"),
+])
+def test_options(spec, device, dtype, conformance_dtype):
+    from inferno.conformance.checks import dtype_name
+
+    be = get_backend(spec)
+    assert be.float_dtype == dtype
+    assert device is None or be.device == torch.device(device)
+    # The conformance suite picks its tolerances from `dtype` (NumPy has no bfloat16: then the name).
+    assert dtype_name(be.dtype) == conformance_dtype
+    assert be.from_numpy(np.ones(3, np.float32)).dtype == dtype
+    assert be.from_numpy(np.arange(3)).dtype == torch.int64
+
+
+def test_python_api_takes_torch_objects():
+    be = TorchBackend(device=torch.device("cpu"), dtype=torch.bfloat16)
+    assert (be.device, be.float_dtype) == (torch.device("cpu"), torch.bfloat16)
+
+
+@pytest.mark.parametrize("spec, needle", [
+    ("torch:dtype=int8", "option dtype='int8' is not supported (choose one of float32, bfloat16, float16"),
+    ("torch:dtype=fp32", "option dtype='fp32'"),
+    ("torch:dtype=16", "option dtype=16"),
+    ("torch:device=gpu", "option device='gpu' is not a device (expected auto, cpu, cuda, cuda:N or mps)"),
+    ("torch:device=meta", "device type 'meta' is not supported"),
+    ("torch:device=true", "option device=True is not a device"),
+    ("torch:device=cuda:99", "option device='cuda:99'"),
+    ("torch:devcie=cpu", "unknown option 'devcie' (options: device, dtype)"),
+])
+def test_bad_options_name_the_option(spec, needle):
+    with pytest.raises(ValueError) as info:
+        get_backend(spec)
+    assert needle in str(info.value)
+    assert str(info.value).startswith("torch backend: ")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")
+def test_cuda_missing_is_a_clear_error():
+    with pytest.raises(ValueError, match=r"option device='cuda': CUDA is not available \("):
+        get_backend("torch:device=cuda")
+
+
+@pytest.mark.skipif(torch.backends.mps.is_available(), reason="MPS is available here")
+def test_mps_missing_is_a_clear_error():
+    with pytest.raises(ValueError, match="option device='mps': MPS is not available here"):
+        get_backend("torch:device=mps")
+
+
+def test_unavailable_reason(monkeypatch):
+    assert TorchBackend.unavailable_reason() is None
+    import importlib.util
+
+    real = importlib.util.find_spec
+
+    def find_spec(name, *args):
+        if name == "torch":
+            raise ModuleNotFoundError("blocked")
+        return real(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    assert "needs PyTorch: pip install torch" in TorchBackend.unavailable_reason()
+
+
+# ------------------------------------------------------------------------------------------- kernels
+
+
+def test_to_numpy_is_float32_and_on_the_host():
+    be = get_backend("torch:device=cpu,dtype=bfloat16")
+    out = be.to_numpy(be.from_numpy(np.array([1.5, -2.0], np.float32)))
+    assert isinstance(out, np.ndarray) and out.dtype == np.float32
+    assert out.tolist() == [1.5, -2.0]
+
+
+def test_kv_cache_is_written_in_place():
+    be = get_backend("torch:device=cpu")
+    k_cache, v_cache = be.new_kv_cache(1, 2, 6, 4)
+    k = be.from_numpy(np.ones((1, 2, 3, 4), np.float32))
+    k2, v2 = be.write_kv(k_cache, v_cache, k, 2 * k, 1)
+    assert k2 is k_cache and v2 is v_cache
+    assert be.to_numpy(v_cache)[0, 0, :, 0].tolist() == [0, 2, 2, 2, 0, 0]
+
+
+@pytest.mark.parametrize("offset, t", [(0, 5), (3, 4), (6, 1), (0, 1)])
+def test_attention_masks_like_the_array_api_kernel(offset, t):
+    # Every mask path of the SDPA override (none, is_causal, explicit) against the inherited kernel.
+    from inferno.backends.array_api import ArrayApiBackend
+
+    be = get_backend("torch:device=cpu,dtype=float64")
+    rng = np.random.default_rng(offset * 10 + t)
+    q = be.from_numpy(rng.standard_normal((2, 3, t, 8)))
+    k_cache, v_cache = (be.from_numpy(rng.standard_normal((2, 3, 12, 8))) for _ in range(2))
+    got = be.to_numpy(be.attention(q, k_cache, v_cache, offset))
+    want = be.to_numpy(ArrayApiBackend.attention(be, q, k_cache, v_cache, offset))
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------- end to end
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_logits_match_numpy(model_dir, numpy_pipe, device, dtype):
+    pipe = inferno.load(model_dir, f"torch:device={device},dtype={dtype}", download=False)
+    ids = numpy_pipe.encode("The quick brown fox jumps over the lazy dog. " * 3)
+    want = numpy_pipe.logits(ids)
+    got = pipe.logits(ids)
+    assert got.dtype == np.float32 and got.shape == want.shape == (len(ids), 50257)
+    scale = float(np.abs(want).max())
+    worst = float(np.abs(got - want).max())
+    assert worst <= TOLERANCE[dtype] * scale, f"{dtype}: max error {worst:.3g}, max |logit| {scale:.3g}"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_greedy_ids_match_numpy(model_dir, numpy_pipe, device):
+    # Greedy decoding runs the prefill and then the cached T=1 steps.
+    pipe = inferno.load(model_dir, f"torch:device={device}", download=False)
+    for prompt in PROMPTS:
+        want = numpy_pipe.generate(prompt, max_new_tokens=12, stop_at_eos=False)
+        got = pipe.generate(prompt, max_new_tokens=12, stop_at_eos=False)
+        assert got.ids == want.ids, prompt
+        assert got.backend == "torch"
