@@ -38,6 +38,7 @@ import importlib.metadata
 import inspect
 import os
 import re
+import sys
 import threading
 import warnings
 from dataclasses import dataclass
@@ -67,7 +68,8 @@ DEFAULT_BACKEND = "numpy"
 BUILT_IN = "built-in"
 
 # Registered in this order, before any third-party plugin, so that no plugin can take their names.
-_BUILTIN_MODULES = ("inferno.backends.numpy_backend", "inferno.backends.array_api")
+_BUILTINS = {"numpy": "inferno.backends.numpy_backend", "array-api": "inferno.backends.array_api"}
+_BUILTIN_MODULES = tuple(_BUILTINS.values())
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
 
 
@@ -180,13 +182,15 @@ class _Registry:
         self.pm = pluggy.PluginManager(hookspecs.PROJECT)
         self.pm.add_hookspecs(hookspecs)
         self.entries: dict[str, _Entry] = {}
-        self.order: list[str] = []
         # plugin module -> (origin, version, entry-point name), for the hook calls and the messages.
         self.sources: dict[object, tuple[str, str, str]] = {}
 
     def discover(self) -> None:
-        loaded: set[str] = set()
-        for ep in _builtins_first(_entry_points()):
+        eps = _builtins_first(_entry_points())
+        # A source tree without installed metadata still has its built-ins.
+        named = {ep.value for ep in eps}
+        eps[:0] = [_BuiltinEntryPoint(name, mod) for name, mod in _BUILTINS.items() if mod not in named]
+        for ep in eps:
             origin, version = _origin(ep)
             try:
                 module = ep.load()
@@ -194,11 +198,6 @@ class _Registry:
                 self._fail(ep.name, origin, version, f"failed to import {ep.value!r}: {_one_line(exc)}")
                 continue
             self._register(module, origin, version, ep.name)
-            loaded.add(getattr(module, "__name__", ""))
-        # A source tree without installed metadata still has its built-ins.
-        for modname in _BUILTIN_MODULES:
-            if modname not in loaded:
-                self._register(importlib.import_module(modname), BUILT_IN, _inferno_version(), modname)
         self._call_hooks()
 
     def _register(self, module: object, origin: str, version: str, ep_name: str) -> None:
@@ -255,14 +254,38 @@ class _Registry:
             self._put(_Entry(name, None, origin, version, error))
 
     def _put(self, entry: _Entry) -> None:
-        if entry.name not in self.entries:
-            self.order.append(entry.name)
         self.entries[entry.name] = entry
 
     @staticmethod
     def _warn(origin: str, version: str, message: str) -> None:
         who = "built-in backend" if origin == BUILT_IN else f"backend plugin {origin} {version}".rstrip()
-        warnings.warn(f"inferno: {who}: {message}", BackendPluginWarning, stacklevel=2)
+        warnings.warn(f"inferno: {who}: {message}", BackendPluginWarning, stacklevel=_caller_level())
+
+    def ordered(self) -> list[_Entry]:
+        """Built-ins first, in their fixed order, then the others by name."""
+        entries = list(self.entries.values())  # in registration order: the built-ins' hooks run first
+        return [e for e in entries if e.origin == BUILT_IN] + sorted(
+            (e for e in entries if e.origin != BUILT_IN), key=lambda e: e.name
+        )
+
+
+def _caller_level() -> int:
+    """The stacklevel of the first frame outside this module: a warning points at the user's call."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_globals.get("__name__") == __name__:
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+@dataclass(frozen=True)
+class _BuiltinEntryPoint:
+    """Stands in for a built-in's entry point when the package metadata is not installed."""
+
+    name: str
+    value: str
+
+    def load(self) -> object:
+        return importlib.import_module(self.value)
 
 
 def _entry_points() -> list[importlib.metadata.EntryPoint]:
@@ -341,14 +364,13 @@ def _info(entry: _Entry) -> BackendInfo:
 
 def list_backends() -> list[BackendInfo]:
     """Every backend known to this process, built-ins first, broken plugins included (see `status`)."""
-    registry = _get()
-    return [_info(registry.entries[name]) for name in registry.order]
+    return [_info(entry) for entry in _get().ordered()]
 
 
 def _entry(name: str) -> _Entry:
     registry = _get()
     if name not in registry.entries:
-        raise UnknownBackendError(name, list(registry.order))
+        raise UnknownBackendError(name, [e.name for e in registry.ordered()])
     return registry.entries[name]
 
 

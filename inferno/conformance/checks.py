@@ -124,7 +124,8 @@ class _Run:
         self.label = f"{check.kernel} [{check.case}: {check.what}]"
 
     def normal(self, shape, scale: float = 1.0, loc: float = 0.0) -> np.ndarray:
-        return (loc + scale * self.rng.standard_normal(shape)).astype(np.float32)
+        x = self.rng.standard_normal(shape, dtype=np.float32)
+        return np.float32(loc) + np.float32(scale) * x
 
     def array(self, host: np.ndarray) -> tuple[Any, np.ndarray]:
         """(backend array, the values it holds as float64) for an activation."""
@@ -577,5 +578,5 @@ def _random_weights(run: _Run, config) -> dict[str, np.ndarray]:
 
 _add("model", "small", "random GPT-2 C 48, H 3, 2 layers, V 101; B 2: prefill 5, then 3 tokens", _model,
      kind="model", n_embd=48, n_head=3, n_layer=2, vocab=101, batch=2, chunks=[5, 1, 1, 1])
-_add("model", "gpt2-width", "random GPT-2 C 768, H 12, 1 layer, V 257; B 1: prefill 4, then 2 tokens",
-     _model, kind="model", n_embd=768, n_head=12, n_layer=1, vocab=257, batch=1, chunks=[4, 1, 1])
+_add("model", "T1-prefill", "random GPT-2 C 40, H 5, 3 layers, V 67; B 1: prefill 1, then 4 tokens",
+     _model, kind="model", n_embd=40, n_head=5, n_layer=3, vocab=67, batch=1, chunks=[1, 1, 1, 1, 1])

@@ -74,10 +74,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-def pytest_load_initial_conftests(
-    early_config: pytest.Config, parser: pytest.Parser, args: list[str]
-) -> None:
-    # All plugins are loaded by now and the final parse has not happened: the last moment to add options.
+@pytest.hookimpl(hookwrapper=True)
+def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser, args: list[str]):
+    # After every plugin and the initial conftest.py files added their options, before the final parse:
+    # the one moment to add ours without taking a name someone else uses.
+    yield
     pyargs = bool(getattr(early_config.known_args_namespace, "pyargs", False))
     targeted = _targets_suite(args, pyargs, Path(early_config.invocation_params.dir))
     early_config.stash[_targeted] = targeted

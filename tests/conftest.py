@@ -1,0 +1,28 @@
+"""Shared fixtures."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from inferno.backends.registry import get_backend, list_backends
+
+
+def _backend_specs() -> list:
+    """Every registered backend that can run here, plus variants worth checking on their own."""
+    params = [pytest.param(info.name, id=info.name) for info in list_backends() if info.ok]
+    params.append(pytest.param("numpy:dtype=float64", id="numpy-float64"))
+    # array_api_strict rejects anything outside the Array API standard: the portable backend's proof.
+    strict = importlib.util.find_spec("array_api_strict") is not None
+    params.append(pytest.param("array-api:xp=array_api_strict", id="array-api-strict",
+                               marks=() if strict else pytest.mark.skip(reason="needs array-api-strict")))
+    return params
+
+
+@pytest.fixture(scope="session", params=_backend_specs())
+def backend(request):
+    """A constructed backend, parametrized like SciPy's ``xp``: every registered backend that can run."""
+    be = get_backend(request.param)
+    yield be
+    be.close()

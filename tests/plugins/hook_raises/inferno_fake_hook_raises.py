@@ -1,0 +1,8 @@
+"""A plugin whose hook raises."""
+
+from inferno.backends import hookimpl
+
+
+@hookimpl
+def register_backends(register):
+    raise RuntimeError("no accelerator found")

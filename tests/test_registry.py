@@ -1,0 +1,292 @@
+"""The backend registry: discovery through entry points, broken plugins isolated, names and specs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import types
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import inferno
+from inferno.backends import hookimpl, registry
+from inferno.backends.array_api import ArrayApiBackend
+from inferno.backends.numpy_backend import NumpyBackend
+from inferno.backends.registry import (
+    BackendPluginWarning,
+    BackendUnavailableError,
+    UnknownBackendError,
+    default_backend_name,
+    get_backend,
+    get_backend_class,
+    get_backend_info,
+    list_backends,
+    parse_backend_spec,
+)
+
+PLUGINS = Path(__file__).parent / "plugins"
+
+
+@pytest.fixture(autouse=True)
+def fresh_registry():
+    registry._reset()
+    yield
+    registry._reset()
+
+
+@pytest.fixture
+def no_env(monkeypatch):
+    monkeypatch.delenv("INFERNO_BACKEND", raising=False)
+
+
+# ------------------------------------------------------------------------------------- built-ins
+
+
+def test_builtins_are_listed_first_and_ok():
+    infos = list_backends()
+    assert [i.name for i in infos[:2]] == ["numpy", "array-api"]
+    for info in infos[:2]:
+        assert (info.origin, info.version, info.status) == ("built-in", inferno.__version__, "ok")
+        assert info.ok and info.description
+
+
+def test_builtins_without_package_metadata(monkeypatch):
+    # Running from a source tree: no entry points at all, the built-ins are still there.
+    monkeypatch.setattr(registry, "_entry_points", lambda: [])
+    assert [(i.name, i.origin, i.status) for i in list_backends()] == [
+        ("numpy", "built-in", "ok"), ("array-api", "built-in", "ok")]
+    assert isinstance(get_backend("array-api"), ArrayApiBackend)
+
+
+def test_discovery_runs_once_until_reset(monkeypatch):
+    calls = []
+    real = registry._entry_points
+    monkeypatch.setattr(registry, "_entry_points", lambda: calls.append(1) or real())
+    list_backends()
+    get_backend("numpy")
+    get_backend_info("array-api")
+    assert len(calls) == 1
+    registry._reset()
+    list_backends()
+    assert len(calls) == 2
+
+
+# ------------------------------------------------------------------------------- names and specs
+
+
+def test_default_backend(monkeypatch, no_env):
+    assert default_backend_name() == "numpy"
+    be = get_backend()
+    assert isinstance(be, NumpyBackend) and be.dtype == np.float32
+    monkeypatch.setenv("INFERNO_BACKEND", "numpy:dtype=float64")
+    assert default_backend_name() == "numpy"
+    assert get_backend().dtype == np.float64
+    assert get_backend(None, dtype="float32").dtype == np.float32  # keywords override the spec
+
+
+def test_options_by_keyword_and_spec(no_env):
+    assert get_backend("numpy", dtype="float64").dtype == np.float64
+    assert get_backend("numpy:dtype=float64").dtype == np.float64
+    assert get_backend("numpy:dtype=float64", dtype="float32").dtype == np.float32
+    be = get_backend("array-api:xp=array_api_strict,dtype=float64")
+    assert be.xp.__name__ == "array_api_strict" and be.dtype == np.float64
+
+
+@pytest.mark.parametrize(
+    "spec, expected",
+    [
+        ("numpy", ("numpy", {})),
+        (" numpy : dtype=float64 ", ("numpy", {"dtype": "float64"})),
+        ("torch:device=cuda,dtype=bfloat16", ("torch", {"device": "cuda", "dtype": "bfloat16"})),
+        ("x:threads=4,eps=1e-5,fused=true,pin=False,limit=none,name=a b",
+         ("x", {"threads": 4, "eps": 1e-5, "fused": True, "pin": False, "limit": None, "name": "a b"})),
+        ("x:", ("x", {})),
+        ("x:a=1,", ("x", {"a": 1})),
+    ],
+)
+def test_parse_backend_spec(spec, expected):
+    assert parse_backend_spec(spec) == expected
+
+
+@pytest.mark.parametrize("spec", ["", ":dtype=float64", "numpy:dtype", "numpy:a=1,a=2", "numpy:1x=2"])
+def test_parse_backend_spec_rejects(spec):
+    with pytest.raises(ValueError, match="backend spec"):
+        parse_backend_spec(spec)
+
+
+def test_unknown_backend_suggests_close_names():
+    with pytest.raises(UnknownBackendError) as err:
+        get_backend("nump")
+    assert isinstance(err.value, ValueError)
+    assert "Did you mean 'numpy'?" in str(err.value)
+    assert "Known backends: numpy, array-api" in str(err.value)
+    with pytest.raises(UnknownBackendError, match="unknown backend 'zzz'. Known backends"):
+        get_backend_info("zzz")
+
+
+def test_bad_options_reach_the_backend():
+    with pytest.raises(ValueError, match="dtype must be float32 or float64"):
+        get_backend("numpy:dtype=int8")
+    with pytest.raises(TypeError):
+        get_backend("numpy", device="cuda")
+
+
+# ------------------------------------------------------------------- plugins, in-process fakes
+
+
+class FakeEntryPoint:
+    """What registry._entry_points yields, loading a module object made in the test."""
+
+    def __init__(self, name: str, module: types.ModuleType | BaseException) -> None:
+        self.name = name
+        self.value = f"fake_{name.replace('-', '_')}"
+        self.dist = types.SimpleNamespace(name=f"inferno-{name}", version="1.0")
+        self._module = module
+
+    def load(self):
+        if isinstance(self._module, BaseException):
+            raise self._module
+        return self._module
+
+
+def plugin(name: str, hook) -> types.ModuleType:
+    module = types.ModuleType(f"fake_{name.replace('-', '_')}")
+    module.register_backends = hookimpl(hook)
+    return module
+
+
+def backend_class(name: str, base: type = NumpyBackend, **attrs) -> type:
+    attrs = {"name": name, "description": f"{name} test", **attrs}
+    return type(name.title().replace("-", ""), (base,), attrs)
+
+
+@pytest.fixture
+def fake_plugins(monkeypatch):
+    def install(*eps: FakeEntryPoint) -> None:
+        real = registry._entry_points()
+        monkeypatch.setattr(registry, "_entry_points", lambda: [*real, *eps])
+        registry._reset()
+
+    return install
+
+
+def test_broken_plugins_are_reported_once_and_skipped(fake_plugins):
+    good = backend_class("fake-good")
+    abstract = type("Abstract", (registry.Backend,), {"name": "fake-abstract"})
+    fake_plugins(
+        FakeEntryPoint("fake-good", plugin("fake-good", lambda register: register(good))),
+        FakeEntryPoint("fake-import", ImportError("No module named 'cuda_thing'")),
+        FakeEntryPoint("fake-raises", plugin("fake-raises", lambda register: 1 / 0)),
+        FakeEntryPoint("fake-object", plugin("fake-object", lambda register: register(object()))),
+        FakeEntryPoint("fake-abstract", plugin("fake-abstract", lambda register: register(abstract))),
+        FakeEntryPoint("fake-noname", plugin("fake-noname", lambda register: register(backend_class("")))),
+        FakeEntryPoint("fake-badname",
+                       plugin("fake-badname", lambda register: register(backend_class("Bad Name")))),
+        FakeEntryPoint("fake-numpy", plugin("fake-numpy", lambda register: register(backend_class("numpy")))),
+        FakeEntryPoint("fake-signature", plugin("fake-signature", lambda reg, extra: None)),
+    )
+    with pytest.warns(BackendPluginWarning) as record:
+        infos = {i.name: i for i in list_backends()}
+    messages = [str(w.message) for w in record]
+    assert len(messages) == 8, messages
+    for dist in ("import", "raises", "object", "abstract", "noname", "badname", "numpy", "signature"):
+        assert sum(f"inferno-fake-{dist} 1.0" in m for m in messages) == 1, (dist, messages)
+
+    assert infos["numpy"].ok and infos["numpy"].origin == "built-in"
+    assert get_backend_class("numpy") is NumpyBackend  # a plugin cannot take a built-in's name
+    assert infos["array-api"].ok
+    assert infos["fake-good"].ok and infos["fake-good"].origin == "inferno-fake-good"
+    assert type(get_backend("fake-good")) is good
+    assert infos["fake-import"].status == \
+        "failed to import 'fake_fake_import': ImportError: No module named 'cuda_thing'"
+    assert infos["fake-raises"].status == "register_backends() raised ZeroDivisionError: division by zero"
+    assert "not a Backend subclass" in infos["fake-object"].status
+    assert "does not implement" in infos["fake-abstract"].status and "linear" in infos["fake-abstract"].status
+    assert "invalid name ''" in infos["fake-noname"].status
+    assert "invalid name 'Bad Name'" in infos["Bad Name"].status
+    assert "PluginValidationError" in infos["fake-signature"].status
+
+    for name in ("fake-import", "fake-raises", "fake-object", "fake-abstract", "fake-signature"):
+        with pytest.raises(BackendUnavailableError, match=f"backend '{name}' \\(from inferno-{name} 1.0\\)"):
+            get_backend(name)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        list_backends()  # cached: nothing is reported twice
+
+
+def test_unavailable_reason_is_the_status(fake_plugins):
+    needs_gpu = backend_class("fake-gpu", unavailable_reason=classmethod(lambda cls: "needs\n a GPU"))
+    crashing = backend_class("fake-crash", unavailable_reason=classmethod(lambda cls: 1 / 0))
+    fake_plugins(FakeEntryPoint("fake-gpu", plugin("fake-gpu", lambda register: (register(needs_gpu),
+                                                                                  register(crashing)))))
+    infos = {i.name: i for i in list_backends()}
+    assert infos["fake-gpu"].status == "needs a GPU"  # one line
+    assert infos["fake-crash"].status == "unavailable_reason() raised ZeroDivisionError: division by zero"
+    with pytest.raises(BackendUnavailableError,
+                       match="'fake-gpu' \\(from inferno-fake-gpu 1.0\\) is unavailable: needs a GPU"):
+        get_backend("fake-gpu")
+
+
+# ---------------------------------------------------------- plugins, real distributions, end to end
+
+SCRIPT = textwrap.dedent("""
+    import dataclasses, json
+    from inferno.backends import registry
+
+    infos = [dataclasses.asdict(i) for i in registry.list_backends()]
+    registry.list_backends()
+    errors = {}
+    for name in %r:
+        try:
+            registry.get_backend(name)
+        except Exception as exc:
+            errors[name] = [type(exc).__name__, str(exc)]
+    print(json.dumps({"infos": infos, "errors": errors}))
+""")
+
+
+def run_with_plugins(dirs: list[str], code: str, cwd: Path) -> subprocess.CompletedProcess:
+    """Run Python with the fake distributions in `dirs` on sys.path, so importlib.metadata finds them."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([*(str(PLUGINS / d) for d in dirs), env.get("PYTHONPATH", "")])
+    env.pop("INFERNO_BACKEND", None)
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_plugin_distributions_end_to_end(tmp_path):
+    broken = {
+        "fake-broken-import": ("inferno-fake-broken-import 0.1.0",
+                               "No module named 'inferno_fake_missing_gpu_library'"),
+        "fake-bad-signature": ("inferno-fake-bad-signature 0.2.0", "PluginValidationError"),
+        "fake-not-a-backend": ("inferno-fake-not-a-backend 0.3.0", "not a Backend subclass"),
+        "fake-hook-raises": ("inferno-fake-hook-raises 0.4.0", "RuntimeError: no accelerator found"),
+    }
+    dirs = ["good", "broken_import", "bad_signature", "not_a_backend", "hook_raises"]
+    proc = run_with_plugins(dirs, SCRIPT % ["fake-good", "numpy", "array-api", *broken], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    infos = {i["name"]: i for i in out["infos"]}
+
+    assert [i["name"] for i in out["infos"][:2]] == ["numpy", "array-api"]
+    assert infos["numpy"]["status"] == infos["array-api"]["status"] == "ok"
+    assert infos["fake-good"] == {
+        "name": "fake-good", "description": "A fake plugin backend (NumPy kernels) for the registry tests.",
+        "origin": "inferno-fake-good", "version": "1.2.3", "status": "ok"}
+    assert set(out["errors"]) == set(broken)  # fake-good, numpy and array-api constructed fine
+    for name, (dist, why) in broken.items():
+        assert infos[name]["status"] != "ok" and why in infos[name]["status"]
+        kind, message = out["errors"][name]
+        assert kind == "BackendUnavailableError"
+        assert f"backend {name!r} (from {dist}) is unavailable" in message and why in message
+        # Reported once on stderr, naming the distribution and what went wrong.
+        assert proc.stderr.count(f"backend plugin {dist}:") == 1, proc.stderr
+        assert why in proc.stderr
+    assert "fake-good" not in proc.stderr and "1.2.3" not in proc.stderr
