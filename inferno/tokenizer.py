@@ -17,6 +17,7 @@ import codecs
 import heapq
 import json
 import os
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import accumulate, chain, pairwise
 from typing import Any
@@ -28,6 +29,31 @@ __all__ = ["PATTERN", "IncrementalDecoder", "Tokenizer", "TokenizerError", "byte
 # GPT-2's pre-tokenizer (the same as Hugging Face's ByteLevel one). Case-sensitive on purpose: "'LL"
 # is not a contraction for GPT-2, it is "'" then "LL".
 PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+# Letters and digits that recent `regex` releases know but that Unicode 16.0 leaves unassigned (new in
+# Unicode 17). Hugging Face tokenizers and tiktoken still classify them with Unicode 16 tables, that is,
+# as neither letter nor digit; so do we, so that ids do not change with the regex module's Unicode version.
+_NEWER_BMP = r"\u0558\u058B-\u058C\u088F\u0C5C\u0CDC\u208F\u209D-\u209F\uA7CE-\uA7CF\uA7D2\uA7D4\uA7DD\uA7E2"
+_NEWER_BMP += r"\uA7F1\uAB6C-\uAB6D"
+_NEWER_ASTRAL = (
+    r"\U000107BB-\U000107BF\U00010940-\U00010959\U00010EC5-\U00010EC7\U00010ED9-\U00010EEE\U00011B0A"
+    r"\U00011DB0-\U00011DDB\U00011DE0-\U00011DE9\U00011DF1\U0001246F\U00012475-\U0001247F"
+    r"\U00012550-\U00012686\U00016EA0-\U00016EB8\U00016EBB-\U00016ED3\U00016FF2-\U00016FF6"
+    r"\U000187F8-\U000187FF\U00018CD6-\U00018CDA\U00018D09-\U00018D20\U00018D80-\U00018DF2"
+    r"\U00018E00-\U00019191\U000191A0-\U000191D2\U0001B123-\U0001B128\U0001B168\U0001D6A6"
+    r"\U0001DF1F-\U0001DF24\U0001DF2B-\U0001DF81\U0001DF90-\U0001DF96\U0001DFCD-\U0001DFFF"
+    r"\U0001E6C0-\U0001E6DE\U0001E6E0-\U0001E6E2\U0001E6E4-\U0001E6E5\U0001E6E7-\U0001E6ED"
+    r"\U0001E6F0-\U0001E6F4\U0001E6FE-\U0001E6FF\U0002B73A-\U0002B73F\U0002B81E\U0002CEA2-\U0002CEAD"
+    r"\U000323B0-\U00033479\U0003D000-\U0003FC3F"
+)
+_NEWER = f"[{_NEWER_BMP}{_NEWER_ASTRAL}]"
+_has_newer_chars = re.compile(_NEWER).search
+# PATTERN with those characters moved from \p{L}/\p{N} to "other" (V1 for set operations). It is
+# twice as slow, so encode only uses it on text that turns out to contain one of them.
+_PINNED_PATTERN = (
+    rf"""(?V1)'s|'t|'re|'ve|'m|'ll|'d| ?[\p{{L}}--{_NEWER}]+| ?[\p{{N}}--{_NEWER}]+"""
+    rf"""| ?[[^\s\p{{L}}\p{{N}}]{_NEWER}]+|\s+(?!\S)|\s+"""
+)
 
 # Pieces longer than this (in bytes) use the heap-based merge, which is O(n log n) instead of O(n^2).
 _LONG_PIECE = 64
@@ -65,6 +91,9 @@ _CHAR_TO_BYTE = {c: b for b, c in _BYTE_TO_CHAR.items()}
 # str.translate tables: latin-1 string of raw bytes -> byte-level string, and back.
 _ENCODE_TABLE = {b: c for b, c in _BYTE_TO_CHAR.items()}
 _DECODE_TABLE = {ord(c): b for c, b in _CHAR_TO_BYTE.items()}
+# Characters below 256 that are not in the byte-level alphabet (space, controls) would otherwise pass
+# through translate unchanged and look like valid bytes: send them out of latin-1 range instead.
+_DECODE_TABLE.update({b: "\uffff" for b in range(256) if b not in _DECODE_TABLE})
 
 
 def _to_byte_level(piece: str) -> str:
@@ -84,15 +113,24 @@ def _is_pair(obj: object) -> bool:
 
 class _PieceCache(dict):
     """piece of text -> tuple of ids. Pre-filled with every token whose bytes are valid UTF-8;
-    ``__missing__`` runs BPE on anything else and remembers the answer (up to a size cap)."""
+    ``__missing__`` runs BPE on anything else and remembers the answer (up to a size cap).
+
+    A piece with one of the _NEWER characters is never in the cache: ``__missing__`` counts it in
+    ``newer_seen`` and returns nothing, and ``Tokenizer.encode`` then starts over with _PINNED_PATTERN.
+    So detecting those characters costs nothing for the pieces that are found in the cache.
+    """
 
     def __init__(self, base: dict[str, tuple[int, ...]], tokenizer: Tokenizer) -> None:
         super().__init__(base)
         self._base = base
         self._limit = len(base) + _CACHE_SIZE
         self._tokenizer = tokenizer
+        self.newer_seen = 0
 
     def __missing__(self, piece: str) -> tuple[int, ...]:
+        if not piece.isascii() and _has_newer_chars(piece):
+            self.newer_seen += 1
+            return ()
         ids = self._tokenizer._bpe(_to_byte_level(piece))
         if len(piece) <= _MAX_CACHED_PIECE:
             if len(self) >= self._limit:
@@ -185,6 +223,8 @@ class Tokenizer:
                 base[raw.decode("utf-8")] = (i,)
             except UnicodeDecodeError:
                 pass  # part of a multi-byte character: never a whole piece of text
+        for text in [t for t in base if not t.isascii() and _has_newer_chars(t)]:
+            del base[text]  # see _PieceCache
         for text, i in special_tokens.items():
             if not isinstance(text, str) or not text:
                 raise fail(f"special token {text!r} is not a non-empty string")
@@ -196,6 +236,7 @@ class Tokenizer:
         self._special = special_tokens
         self._cache = _PieceCache(base, self)
         self._findall = regex.compile(PATTERN).findall
+        self._findall_pinned = regex.compile(_PINNED_PATTERN).findall
         # Longest first, so that a special token that is a prefix of another does not win.
         self._special_split = (
             regex.compile(
@@ -306,14 +347,32 @@ class Tokenizer:
         if not isinstance(text, str):
             raise TypeError(f"encode() takes a str, not {type(text).__name__}")
         if not allow_special or self._special_split is None:
-            return list(chain.from_iterable(map(self._cache.__getitem__, self._findall(text))))
+            return self._encode_ordinary(text)
         ids: list[int] = []
         # split() with a capturing group alternates: text, special, text, special, ..., text.
         for n, part in enumerate(self._special_split(text)):
             if n % 2:
                 ids.append(self._special[part])
             elif part:
-                ids.extend(chain.from_iterable(map(self._cache.__getitem__, self._findall(part))))
+                ids += self._encode_ordinary(part)
+        return ids
+
+    def _split(self, text: str) -> list[str]:
+        """The pre-tokenizer alone: text to the pieces that BPE works on (for tests and debugging)."""
+        return (self._findall_pinned if _has_newer_chars(text) else self._findall)(text)
+
+    def _encode_ordinary(self, text: str) -> list[int]:
+        cache = self._cache
+        seen = cache.newer_seen
+        ids = list(chain.from_iterable(map(cache.__getitem__, self._findall(text))))
+        if cache.newer_seen == seen:
+            return ids
+        # Rare: the text has letters or digits newer than Unicode 16 (see _NEWER). Start over with
+        # the pattern that treats them as Unicode 16 does, without the cache's __missing__.
+        ids = []
+        for piece in self._findall_pinned(text):
+            piece_ids = cache.get(piece)
+            ids += self._bpe(_to_byte_level(piece)) if piece_ids is None else piece_ids
         return ids
 
     def _bpe(self, word: str) -> tuple[int, ...]:
