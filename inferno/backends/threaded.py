@@ -1,0 +1,527 @@
+"""The ``cpu-threaded`` backend: the NumPy kernels spread over every usable core.
+
+DESIGN TBD (filled in after measurement).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import queue
+import threading
+import weakref
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
+
+import numpy as np
+
+from inferno.backends.hookspecs import hookimpl
+from inferno.backends.numpy_backend import _GELU_C, NumpyBackend
+
+ENV_THREADS = "INFERNO_THREADS"
+
+# Below these sizes a pooled op costs more (wake-ups, smaller GEMMs) than it gains: run it directly.
+MIN_ROWS = 16  # matmul rows (tokens); decode (1 row) always takes the direct path
+MIN_ELEMENTS = 1 << 16  # elementwise kernels
+ROW_TILE = 64  # rows per task at most: keeps the MLP's [rows, 4C] intermediate in L2
+TASKS_PER_THREAD = 4  # more tasks than threads, so a descheduled thread does not hold everyone up
+QUERY_TILE = 64  # attention: queries per task; the causal mask wastes only QUERY_TILE²/2 scores per tile
+
+
+# ------------------------------------------------------------------------------------- worker count
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity, capped by a cgroup CPU quota."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        cores = os.cpu_count() or 1
+    quota = cgroup_cpu_quota()
+    if quota is not None:
+        cores = min(cores, max(1, math.ceil(quota)))
+    return max(1, cores)
+
+
+def cgroup_cpu_quota(root: str | os.PathLike[str] = "/sys/fs/cgroup") -> float | None:
+    """CPUs allowed by the cgroup quota (e.g. 1.5), or None when there is none.
+
+    cgroup v2: ``cpu.max`` (``"max 100000"`` or ``"150000 100000"``) of this process's cgroup and its
+    parents, the smallest wins; cgroup v1: ``cpu/cpu.cfs_quota_us`` over ``cpu/cpu.cfs_period_us``.
+    """
+    root = Path(root)
+    limits = []
+    for directory in _cgroup_v2_dirs(root):
+        parts = _read(directory / "cpu.max").split()
+        if len(parts) == 2 and parts[0] != "max":
+            limits.append(_ratio(parts[0], parts[1]))
+    for v1 in (root / "cpu", root / "cpu,cpuacct"):
+        limits.append(_ratio(_read(v1 / "cpu.cfs_quota_us"), _read(v1 / "cpu.cfs_period_us")))
+    limits = [q for q in limits if q is not None]
+    return min(limits) if limits else None
+
+
+def _cgroup_v2_dirs(root: Path) -> list[Path]:
+    # "0::/some/group" in /proc/self/cgroup names this process's v2 cgroup (just "/" in most containers).
+    relative = ""
+    for line in _read(Path("/proc/self/cgroup")).splitlines():
+        if line.startswith("0::"):
+            relative = line[3:].strip().strip("/")
+    directory = root / relative if relative else root
+    dirs = [directory]
+    while directory != root and root in directory.parents:
+        directory = directory.parent
+        dirs.append(directory)
+    return dirs
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
+def _ratio(quota: str, period: str) -> float | None:
+    try:
+        q, p = int(quota), int(period)
+    except ValueError:
+        return None
+    return q / p if q > 0 and p > 0 else None
+
+
+def resolve_threads(threads: int | str | None = None) -> int:
+    """The worker count: `threads` if given, else ``$INFERNO_THREADS``, else `usable_cores()`.
+
+    ``None``, ``"auto"`` and ``0`` mean "not given". Raises ValueError for anything but a positive integer.
+    """
+    source = "threads"
+    if threads is None or threads == "auto" or (type(threads) is int and threads == 0):
+        env = os.environ.get(ENV_THREADS, "").strip()
+        if env in ("", "auto", "0"):
+            return usable_cores()
+        threads, source = env, f"${ENV_THREADS}"
+    try:
+        if isinstance(threads, bool) or isinstance(threads, float):
+            raise ValueError
+        n = int(threads)
+    except (TypeError, ValueError):
+        n = 0
+    if n < 1:
+        raise ValueError(f"cpu-threaded: {source} must be a positive integer or 'auto', got {threads!r}")
+    return n
+
+
+# -------------------------------------------------------------------------------------------- pool
+
+
+class WorkerError(RuntimeError):
+    """A worker thread of the pool died, or the pool was used after `close()`."""
+
+
+class _Batch:
+    """One parallel call: tasks 0..n-1, claimed one at a time by whichever thread is free."""
+
+    __slots__ = ("fn", "n", "claim", "cancelled", "error", "active", "cond")
+
+    def __init__(self, fn: Callable[[int], None], n: int) -> None:
+        self.fn = fn
+        self.n = n
+        self.claim = itertools.count().__next__  # atomic under the GIL
+        self.cancelled = False
+        self.error: BaseException | None = None
+        self.active = 0  # helpers inside work()
+        self.cond = threading.Condition(threading.Lock())
+
+    def work(self) -> None:
+        """Run tasks until none are left (in a helper thread); record the first exception."""
+        with self.cond:
+            self.active += 1
+        try:
+            while not self.cancelled:
+                i = self.claim()
+                if i >= self.n:
+                    break
+                try:
+                    self.fn(i)
+                except BaseException as exc:  # noqa: BLE001 - handed to the caller, which re-raises it
+                    self.cancelled = True
+                    with self.cond:
+                        if self.error is None:
+                            self.error = exc
+        finally:
+            with self.cond:
+                self.active -= 1
+                if not self.active:
+                    self.cond.notify_all()
+
+
+class WorkerPool:
+    """A persistent pool of ``threads - 1`` helper threads; the calling thread is the last worker.
+
+    `run(fn, n)` calls ``fn(0) .. fn(n - 1)`` on all threads and returns when every task is done,
+    re-raising the first exception a task raised. Helpers are daemon threads (a forgotten pool can
+    never keep the interpreter alive), stopped and joined by `close()`, which also runs when the owner
+    is garbage collected or at interpreter exit (see `ThreadedBackend`).
+    """
+
+    def __init__(self, threads: int, name: str = "inferno-cpu-threaded") -> None:
+        self.threads = threads
+        self.name = name
+        self._closed = False
+        self._start()
+
+    def _start(self) -> None:
+        self._pid = os.getpid()
+        self._queues: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(self.threads - 1)]
+        self._helpers = [
+            threading.Thread(target=_helper_loop, args=(q,), name=f"{self.name}-{i + 1}", daemon=True)
+            for i, q in enumerate(self._queues)
+        ]
+        for t in self._helpers:
+            t.start()
+
+    def run(self, fn: Callable[[int], None], n: int) -> None:
+        if self._closed:
+            raise WorkerError("the cpu-threaded backend was closed; create a new one to keep computing")
+        if os.getpid() != self._pid:
+            self._start()  # a forked child inherits the pool object but none of its threads
+        if n <= 1 or not self._helpers:
+            for i in range(n):
+                fn(i)
+            return
+        self._check_helpers()
+        batch = _Batch(fn, n)
+        for q in self._queues[: n - 1]:
+            q.put(batch)
+        try:
+            while not batch.cancelled:
+                i = batch.claim()
+                if i >= n:
+                    break
+                fn(i)
+            self._wait(batch)
+        except BaseException:
+            # Our own task failed, or Ctrl-C: helpers stop after their current task (they only ever write
+            # to this call's buffers, which nobody reads any more).
+            batch.cancelled = True
+            raise
+        if batch.error is not None:
+            raise batch.error
+
+    def _wait(self, batch: _Batch) -> None:
+        with batch.cond:
+            while batch.active:
+                # Helpers only die by a bug or an injected exception; never wait forever on one.
+                if not batch.cond.wait(timeout=0.5):
+                    self._check_helpers()
+
+    def _check_helpers(self) -> None:
+        dead = [t.name for t in self._helpers if not t.is_alive()]
+        if dead:
+            raise WorkerError(f"cpu-threaded: worker thread {', '.join(dead)} died; "
+                              "close this backend and create a new one")
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop and join the helpers (each finishes its current task first). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if os.getpid() != self._pid:
+            return
+        for q in self._queues:
+            q.put(None)
+        me = threading.current_thread()
+        for t in self._helpers:
+            if t is not me:
+                t.join(timeout)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+
+def _helper_loop(q: queue.SimpleQueue) -> None:
+    while True:
+        batch = q.get()
+        if batch is None:
+            return
+        batch.work()
+
+
+# ----------------------------------------------------------------------------------------- backend
+
+
+class ThreadedBackend(NumpyBackend):
+    name = "cpu-threaded"
+    description = ("NumPy on all cores: a persistent thread pool, fused MLP tiles, causal tiled attention "
+                   "(option threads=N, default $INFERNO_THREADS or the usable cores).")
+
+    def __init__(
+        self,
+        threads: int | str | None = None,
+        dtype: str | np.dtype = "float32",
+        *,
+        min_rows: int = MIN_ROWS,
+        min_elements: int = MIN_ELEMENTS,
+    ) -> None:
+        """`threads`: worker count (see `resolve_threads`). `min_rows`, `min_elements`: the sizes from
+        which kernels use the pool (1 forces it everywhere, for tests)."""
+        super().__init__(dtype)
+        self.min_rows = int(min_rows)
+        self.min_elements = int(min_elements)
+        from threadpoolctl import ThreadpoolController
+
+        self.threads = resolve_threads(threads)
+        self._pool = WorkerPool(self.threads)
+        # Runs close() when the backend is garbage collected or at interpreter exit, whichever is first.
+        self._finalizer = weakref.finalize(self, self._pool.close)
+        self._blas = ThreadpoolController().select(user_api="blas")
+        blas_threads = max((lib.num_threads or 1 for lib in self._blas.lib_controllers), default=1)
+        # Direct (unpooled) ops let BLAS use its own threads, but never more than we were given.
+        self._direct_blas = self.threads if self.threads < blas_threads else None
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        try:
+            import threadpoolctl  # noqa: F401
+        except ImportError:
+            return "needs threadpoolctl (pip install threadpoolctl) to keep BLAS from oversubscribing cores"
+        return None
+
+    def close(self) -> None:
+        self._finalizer()
+
+    def __enter__(self) -> ThreadedBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<ThreadedBackend 'cpu-threaded' threads={self.threads}>"
+
+    # ------------------------------------------------------------------------------------- plumbing
+
+    def _pinned(self) -> AbstractContextManager:
+        """Single-threaded BLAS inside pooled work: the pool provides the parallelism."""
+        return self._blas.limit(limits=1)
+
+    def _direct(self) -> AbstractContextManager:
+        if self._direct_blas is None:
+            return nullcontext()
+        return self._blas.limit(limits=self._direct_blas)
+
+    def _row_tiles(self, rows: int, tile: int = ROW_TILE) -> list[slice]:
+        """Row slices for the pool: matmuls in tiles of at most `tile` rows (and at least one per thread);
+        elementwise kernels (tile 0) in TASKS_PER_THREAD slices per thread."""
+        n = self.threads * TASKS_PER_THREAD if tile == 0 else max(math.ceil(rows / tile), self.threads)
+        step = math.ceil(rows / min(n, rows))
+        return [slice(r, min(r + step, rows)) for r in range(0, rows, step)]
+
+    def _parallel_rows(self, rows: int) -> bool:
+        return self.threads > 1 and rows >= self.min_rows
+
+    # -------------------------------------------------------------------------------------- kernels
+
+    def linear(self, x, w, b):
+        rows = math.prod(x.shape[:-1])
+        if not self._parallel_rows(rows):
+            with self._direct():
+                return super().linear(x, w, b)
+        with self._pinned():
+            return self._linear(x, w, b)
+
+    def _linear(self, x, w, b):
+        x2 = x.reshape(-1, x.shape[-1])
+        out = np.empty((x2.shape[0], w.shape[1]), dtype=np.result_type(x, w))
+        tiles = self._row_tiles(x2.shape[0])
+
+        def task(i: int) -> None:
+            r = tiles[i]
+            np.matmul(x2[r], w, out=out[r])
+            if b is not None:
+                out[r] += b
+
+        self._pool.run(task, len(tiles))
+        return out.reshape(*x.shape[:-1], w.shape[1])
+
+    def mlp(self, x, w_fc, b_fc, w_proj, b_proj):
+        rows = math.prod(x.shape[:-1])
+        if not self._parallel_rows(rows):
+            with self._direct():
+                return super().mlp(x, w_fc, b_fc, w_proj, b_proj)
+        x2 = x.reshape(-1, x.shape[-1])
+        out = np.empty((rows, w_proj.shape[1]), dtype=np.result_type(x, w_fc))
+        tiles = self._row_tiles(rows)
+
+        def task(i: int) -> None:
+            # The whole MLP for a tile of tokens: its [rows, 4C] intermediate stays in this core's cache.
+            r = tiles[i]
+            h = x2[r] @ w_fc
+            h += b_fc
+            _gelu_inplace(h)
+            np.matmul(h, w_proj, out=out[r])
+            out[r] += b_proj
+
+        with self._pinned():
+            self._pool.run(task, len(tiles))
+        return out.reshape(*x.shape[:-1], w_proj.shape[1])
+
+    def gelu_new(self, x):
+        if self.threads == 1 or x.size < self.min_elements:
+            return super().gelu_new(x)
+        out = np.array(x, copy=True)
+        flat = out.reshape(-1)
+        chunks = _chunks(flat.size, self.threads * TASKS_PER_THREAD)
+        self._pool.run(lambda i: _gelu_inplace(flat[chunks[i]]), len(chunks))
+        return out
+
+    def layernorm(self, x, gamma, beta, eps):
+        rows = math.prod(x.shape[:-1])
+        if self.threads == 1 or x.size < self.min_elements:
+            return super().layernorm(x, gamma, beta, eps)
+        x2 = x.reshape(-1, x.shape[-1])
+        out = np.empty_like(x2)
+        tiles = self._row_tiles(rows, tile=0)
+
+        def task(i: int) -> None:
+            r = tiles[i]
+            y = out[r]
+            np.subtract(x2[r], x2[r].mean(axis=-1, keepdims=True), out=y)
+            var = np.mean(y * y, axis=-1, keepdims=True)
+            var += eps
+            y /= np.sqrt(var)
+            y *= gamma
+            y += beta
+
+        self._pool.run(task, len(tiles))
+        return out.reshape(x.shape)
+
+    def softmax(self, x):
+        rows = math.prod(x.shape[:-1])
+        if self.threads == 1 or x.size < self.min_elements or rows < 2:
+            return super().softmax(x)
+        x2 = x.reshape(-1, x.shape[-1])
+        out = np.empty_like(x2)
+        tiles = self._row_tiles(rows, tile=0)
+
+        def task(i: int) -> None:
+            r = tiles[i]
+            y = out[r]
+            np.subtract(x2[r], x2[r].max(axis=-1, keepdims=True), out=y)
+            np.exp(y, out=y)
+            y /= y.sum(axis=-1, keepdims=True)
+
+        self._pool.run(task, len(tiles))
+        return out.reshape(x.shape)
+
+    def add(self, a, b):
+        if self.threads == 1 or a.size < 4 * self.min_elements:
+            return a + b
+        out = np.empty(a.shape, dtype=np.result_type(a, b))
+        fa, fb, fo = a.reshape(-1), b.reshape(-1), out.reshape(-1)
+        chunks = _chunks(fo.size, self.threads)
+        self._pool.run(lambda i: np.add(fa[chunks[i]], fb[chunks[i]], out=fo[chunks[i]]), len(chunks))
+        return out
+
+    def attention(self, q, k_cache, v_cache, offset):
+        out = np.empty(q.shape, dtype=q.dtype)
+        self._attend(q, k_cache, v_cache, offset, out)
+        return out
+
+    def self_attention(self, x, w_attn, b_attn, w_proj, b_proj, kv, offset, n_head):
+        rows = math.prod(x.shape[:-1])
+        if not self._parallel_rows(rows):
+            with self._direct():
+                return super().self_attention(x, w_attn, b_attn, w_proj, b_proj, kv, offset, n_head)
+        with self._pinned():
+            q, k, v = self.split_heads(self._linear(x, w_attn, b_attn), n_head)
+            k_cache, v_cache = self.write_kv(kv[0], kv[1], k, v, offset)
+            bsz, t, c = x.shape
+            y = np.empty((bsz, t, c), dtype=q.dtype)
+            # Heads write straight into their columns of the merged [B, T, C] layout: no merge_heads copy.
+            self._attend(q, k_cache, v_cache, offset, y.reshape(bsz, t, n_head, -1).transpose(0, 2, 1, 3))
+            return self._linear(y, w_proj, b_proj), (k_cache, v_cache)
+
+    def _attend(self, q, k_cache, v_cache, offset, out) -> None:
+        """Causal attention into `out` ([B, H, T, D], any strides), by (batch, head group, query tile).
+
+        A tile of queries i0..i1 sees keys 0 .. offset + i1 - 1 only: the masked keys after that are never
+        computed, and only the tile's own diagonal block needs the mask.
+        """
+        bsz, n_head, t, d = q.shape
+        scale = 1.0 / math.sqrt(d)
+        tiles = [(i, min(i + QUERY_TILE, t)) for i in range(0, t, QUERY_TILE)]
+        tiles.reverse()  # the longest rows first: better balance at the end
+        per_tile = max(1, math.ceil(self.threads * TASKS_PER_THREAD / (len(tiles) * bsz)))
+        group = math.ceil(n_head / min(per_tile, n_head))
+        heads = [(h, min(h + group, n_head)) for h in range(0, n_head, group)]
+        tasks = [(b, h, r) for r in tiles for b in range(bsz) for h in heads]
+        mask = _causal_mask(min(t, QUERY_TILE), q.dtype) if t > 1 else None
+
+        def task(i: int) -> None:
+            b, (h0, h1), (i0, i1) = tasks[i]
+            s_len = offset + i1
+            qs = q[b, h0:h1, i0:i1] * scale
+            s = qs @ k_cache[b, h0:h1, :s_len].transpose(0, 2, 1)  # [heads, tq, S]
+            if mask is not None:
+                tq = i1 - i0
+                s[:, :, s_len - tq :] += mask[:tq, :tq]
+            s -= s.max(axis=-1, keepdims=True)
+            np.exp(s, out=s)
+            total = s.sum(axis=-1, keepdims=True)
+            o = out[b, h0:h1, i0:i1]
+            np.matmul(s, v_cache[b, h0:h1, :s_len], out=o)
+            o /= total  # normalise the [tq, D] output rather than the [tq, S] probabilities
+
+        if self.threads == 1 or len(tasks) == 1 or t * (offset + t) * n_head * bsz < self.min_elements:
+            with self._direct():
+                for i in range(len(tasks)):
+                    task(i)
+            return
+        with self._pinned():
+            self._pool.run(task, len(tasks))
+
+    def lm_head(self, x, wte):
+        rows = math.prod(x.shape[:-1])
+        if not self._parallel_rows(rows):
+            with self._direct():
+                return super().lm_head(x, wte)
+        with self._pinned():
+            return self._linear(x, wte.T, None)
+
+
+def _gelu_inplace(x: np.ndarray) -> None:
+    t = x * x
+    t *= x
+    t *= 0.044715
+    t += x
+    t *= _GELU_C
+    np.tanh(t, out=t)
+    t += 1.0
+    x *= t
+    x *= 0.5
+
+
+def _chunks(size: int, n: int) -> list[slice]:
+    step = max(1, math.ceil(size / n))
+    return [slice(i, min(i + step, size)) for i in range(0, size, step)]
+
+
+_masks: dict[tuple[int, str], np.ndarray] = {}
+
+
+def _causal_mask(n: int, dtype: np.dtype) -> np.ndarray:
+    """[n, n] additive mask: -inf above the diagonal (a key after the query), 0 elsewhere."""
+    key = (n, np.dtype(dtype).str)
+    if key not in _masks:
+        _masks[key] = np.triu(np.full((n, n), -np.inf, dtype=dtype), k=1)
+    return _masks[key]
+
+
+@hookimpl
+def register_backends(register) -> None:
+    register(ThreadedBackend)
