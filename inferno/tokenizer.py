@@ -267,9 +267,8 @@ class Tokenizer:
         if (
             len(parts) != 2 * len(keys)
             or len(merged) != len(keys)
-            or "" in parts
-            or not vocab.keys() >= set(parts)
-            or not vocab.keys() >= set(merged)
+            or not all(map(vocab.__contains__, parts))  # also rules out "" parts: "" is no token
+            or not all(map(vocab.__contains__, merged))
         ):
             for rank, merge in enumerate(merges):
                 pair = merge.split(" ") if isinstance(merge, str) else merge
@@ -281,8 +280,11 @@ class Tokenizer:
                             f"model.merges[{rank}] ({merge!r}) uses {token!r}, which is not in model.vocab"
                         )
             raise fail("model.merges has a token with a space in it")
-        # Built back to front so that a repeated merge keeps its first (highest-priority) rank.
-        return dict(zip(reversed(keys), range(len(keys) - 1, -1, -1), strict=True))
+        ranks = dict(zip(keys, range(len(keys)), strict=True))
+        if len(ranks) < len(keys):
+            # A merge is listed twice: keep its first (highest-priority) rank, by building back to front.
+            ranks = dict(zip(reversed(keys), range(len(keys) - 1, -1, -1), strict=True))
+        return ranks
 
     # ----------------------------------------------------------------------------------------- loading
     @classmethod
