@@ -16,7 +16,13 @@ import pytest
 
 from inferno.backends.array_api import ArrayApiBackend
 from inferno.backends.numpy_backend import NumpyBackend
-from inferno.conformance import ConformanceError, all_checks, check_backend, tolerance_for
+from inferno.conformance import (
+    ConformanceError,
+    all_checks,
+    check_backend,
+    parametrize_with_checks,
+    tolerance_for,
+)
 from inferno.conformance import reference as ref
 
 PLUGINS = Path(__file__).parent / "plugins"
@@ -24,6 +30,12 @@ PLUGINS = Path(__file__).parent / "plugins"
 
 @pytest.mark.parametrize("check", all_checks(), ids=str)
 def test_conformance(backend, check):
+    check(backend)
+
+
+# What a third party writes to run the suite inside its own tests.
+@parametrize_with_checks([NumpyBackend("float64"), ArrayApiBackend(xp=array_api_strict)], kinds=["model"])
+def test_parametrize_with_checks(backend, check):
     check(backend)
 
 

@@ -32,14 +32,15 @@ __all__ = [
 def parametrize_with_checks(backends: list[Backend], kinds: list[str] | None = None) -> Any:
     """A ``pytest.mark.parametrize("backend, check", ...)`` over every (backend, check) pair.
 
-    Test ids read ``<backend repr>-<kernel>-<case>``, e.g. ``numpy-layernorm-large-mean``.
+    Test ids read ``<backend name>-<dtype>-<kernel>-<case>``, e.g. ``numpy-float32-layernorm-large-mean``.
+    `kinds` selects some kinds of checks ("kernel", "composition", "cache", "model"; default all).
     """
     import pytest
 
-    from inferno.conformance.checks import all_checks
+    from inferno.conformance.checks import all_checks, dtype_name
 
     pairs = [(b, c) for b in backends for c in all_checks(kinds)]
-    ids = [f"{getattr(b, 'name', type(b).__name__)}-{c.id}" for b, c in pairs]
+    ids = [f"{b.name or type(b).__name__}-{dtype_name(b.dtype)}-{c.id}" for b, c in pairs]
     return pytest.mark.parametrize("backend, check", pairs, ids=ids)
 
 

@@ -3,8 +3,11 @@
 Each `Check` runs one case of one kernel on a backend and raises `ConformanceError` (an
 AssertionError) whose message starts with the kernel and the case, e.g.::
 
-    layernorm [small-variance: x [2, 3, 768] ~ N(0, 0.003²), eps 1e-5]: output differs from the
-    float64 reference in 4608 of 4608 elements; worst at (0, 0, 12): got 0.71, expected 0.49 ...
+    layernorm [small-variance: x [2, 3, 768] ~ N(0, 0.003²), eps 1e-5 (eps ~ variance)]: output
+    differs from the float64 reference in 4608 of 4608 elements; worst at (1, 0, 395): got -4.62025,
+    expected -3.19036 (error 1.43; float32: rtol=0.0001, atol=1e-05×max|expected|, max|expected| = 3.19)
+
+A backend whose kernel raises fails the same way (``lm_head [2d-input: ...]: raised TypeError: ...``).
 
 Inputs are random (seeded by the check's id, so runs are reproducible), rounded to float32 on the host
 and then to whatever the backend holds; the float64 reference (`inferno.conformance.reference`)
@@ -22,7 +25,14 @@ i.e. `atol` is relative to the largest magnitude in the expected output, so it s
     float16    1e-2    1e-2     11-bit significand
     bfloat16   5e-2    5e-2     8-bit significand (unknown dtypes get these too)
 
-Checks that chain kernels (compositions, cached decode, the model) allow a multiple of that (`factor`).
+Checks that chain kernels allow a multiple of that (`factor`): ×2 for mlp, ×4 for self_attention and
+cached decode, ×10 for the whole model. So does ``layernorm-large-mean`` (×10): with a mean of 1e4 even a
+correct two-pass layer norm loses about eps·mean/std to the rounded mean (a one-pass E[x²] - E[x]²
+loses eps·(mean/std)² and still fails by orders of magnitude).
+
+The kinds of checks: "kernel" (each kernel alone, and the from_numpy/to_numpy boundary), "composition"
+(mlp, self_attention), "cache" (attention over a cache filled chunk by chunk equals a full prefill) and
+"model" (a small random GPT-2 through `inferno.model`, against the numpy backend in float64).
 """
 
 from __future__ import annotations
