@@ -6,8 +6,8 @@ module implements the `register_backends` hook (see `inferno.backends.hookspecs`
 imports them directly when the package runs from a source tree without its metadata).
 
     >>> from inferno.backends.registry import get_backend, list_backends
-    >>> [info.name for info in list_backends() if info.status == "ok"]
-    ['numpy', 'array-api']
+    >>> [(info.name, info.origin, info.status) for info in list_backends()][:2]
+    [('numpy', 'built-in', 'ok'), ('array-api', 'built-in', 'ok')]
     >>> get_backend("numpy", dtype="float64")
     <NumpyBackend 'numpy'>
 
@@ -214,18 +214,17 @@ class _Registry:
         # One plugin at a time (not one pm.hook call) so that a plugin raising only loses its own backends.
         for impl in self.pm.hook.register_backends.get_hookimpls():
             origin, version, ep_name = self.sources[impl.plugin]
-            registered: list[str] = []
 
-            def register(cls: type[Backend], _origin=origin, _version=version, _ep=ep_name, _seen=registered):
-                _seen.append(self._add(cls, _origin, _version, _ep))
+            def register(cls: type[Backend], _source=(origin, version, ep_name)) -> None:
+                self._add(cls, *_source)
 
             try:
                 impl.function(**{arg: register for arg in impl.argnames})
             except Exception as exc:  # noqa: BLE001
                 self._fail(ep_name, origin, version, f"register_backends() raised {_one_line(exc)}")
 
-    def _add(self, cls: object, origin: str, version: str, ep_name: str) -> str:
-        """Validate and record one registered class; returns the name it is known under."""
+    def _add(self, cls: object, origin: str, version: str, ep_name: str) -> None:
+        """Validate and record one registered class (the `register` callback of the hook)."""
         name = getattr(cls, "name", None) if isinstance(cls, type) else None
         label = name if isinstance(name, str) and name else ep_name
         if not (isinstance(cls, type) and issubclass(cls, Backend)):
@@ -245,7 +244,6 @@ class _Registry:
             self._fail(label, origin, version, f"{cls.__qualname__} does not implement: {missing}")
         else:
             self._put(_Entry(name, cls, origin, version))
-        return label
 
     def _fail(self, name: str, origin: str, version: str, error: str) -> None:
         self._warn(origin, version, f"{error}; skipped")
