@@ -26,8 +26,9 @@ those in the spec.
 has a bad hook signature, raises in its hook, or registers something that is not a usable `Backend`
 subclass is skipped with one `BackendPluginWarning` naming its distribution; the other backends keep
 working, `list_backends` shows the failure as the status, and asking for it by name raises
-`BackendUnavailableError` with the reason. (Escalate these warnings with
-``-W error::inferno.backends.registry.BackendPluginWarning`` where a broken plugin must fail loudly.)
+`BackendUnavailableError` with the reason. Where a broken plugin must fail loudly, escalate the warning:
+``warnings.simplefilter("error", BackendPluginWarning)``, or in pytest
+``-W error::inferno.backends.registry.BackendPluginWarning``.
 """
 
 from __future__ import annotations
