@@ -5,8 +5,13 @@
     inferno --backend torch:device=cuda,dtype=bfloat16 "Hello"
 
 Most kernels are inherited from `ArrayApiBackend`, written once against the Array API standard and run
-here through ``array_api_compat.torch``. The few overridden below are where torch has a fused kernel
-that is clearly faster or more accurate; each says why.
+here through ``array_api_compat.torch``: the embedding gather, the head split/merge views, the KV cache
+(zeros, then written in place by slice assignment) and the LM head (a matmul with ``wte.mT``, a view).
+The few overridden below are where torch has a fused kernel that is clearly faster or more accurate;
+each says why.
+
+No `torch.inference_mode`: the weights come from NumPy and never require grad, so autograd records
+nothing already; entering it around every kernel call costs ~5 µs and measured no gain per decode step.
 
 This module must stay importable without torch: the registry imports it on every machine to call the
 hook, so torch is imported only when a `TorchBackend` is constructed.
@@ -134,32 +139,35 @@ def _dtype_name(dtype: Any) -> str:
 
 def _resolve_device(torch: Any, device: Any) -> torch.device:
     """A `torch.device` for the `device` option, checked to exist here."""
+    given = device  # for the messages
+    if isinstance(device, str):
+        device = device.strip().lower()
     if device is None or device == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda")
         if _mps_available(torch):
             return torch.device("mps")
         return torch.device("cpu")
+    bad = f"torch backend: option device={given!r}"
     expected = "expected auto, cpu, cuda, cuda:N or mps"
+    # bool is an int, and torch.device(1) would mean cuda:1: `device=true` is a mistake, not a GPU.
     if isinstance(device, bool) or not isinstance(device, str | int | torch.device):
-        raise ValueError(f"torch backend: option device={device!r} is not a device ({expected})")
+        raise ValueError(f"{bad} is not a device ({expected})")
     try:
         dev = torch.device(device)
     except (RuntimeError, ValueError, TypeError):
-        raise ValueError(f"torch backend: option device={device!r} is not a device ({expected})") from None
+        raise ValueError(f"{bad} is not a device ({expected})") from None
     if dev.type not in DEVICE_TYPES:
-        raise ValueError(f"torch backend: option device={device!r}: device type {dev.type!r} is not "
-                         f"supported ({expected})")
+        raise ValueError(f"{bad}: device type {dev.type!r} is not supported ({expected})")
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             why = "no GPU found" if torch.version.cuda else f"torch {torch.__version__} is built without CUDA"
-            raise ValueError(f"torch backend: option device={device!r}: CUDA is not available ({why})")
+            raise ValueError(f"{bad}: CUDA is not available ({why})")
         count = torch.cuda.device_count()
         if dev.index is not None and dev.index >= count:
-            raise ValueError(f"torch backend: option device={device!r}: there are {count} CUDA devices "
-                             f"(cuda:0 .. cuda:{count - 1})")
+            raise ValueError(f"{bad}: there are {count} CUDA devices (cuda:0 .. cuda:{count - 1})")
     if dev.type == "mps" and not _mps_available(torch):
-        raise ValueError(f"torch backend: option device={device!r}: MPS is not available here")
+        raise ValueError(f"{bad}: MPS is not available here")
     return dev
 
 

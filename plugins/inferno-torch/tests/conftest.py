@@ -68,8 +68,15 @@ def model_dir(tmp_path_factory) -> Path:
     return write_model_dir(tmp_path_factory.mktemp("random-gpt2"), CONFIG)
 
 
-def run_python(args: list[str], cwd: Path, timeout: float = 120, env: dict | None = None):
-    """Run ``python ARGS`` in a clean environment (no INFERNO_BACKEND), capturing text output."""
-    base = {k: v for k, v in os.environ.items() if k != "INFERNO_BACKEND"}
-    return subprocess.run([sys.executable, *args], cwd=cwd, env={**base, **(env or {})}, capture_output=True,
-                          text=True, timeout=timeout)
+@pytest.fixture
+def run_python(tmp_path):
+    """``run_python(args)``: run ``python ARGS`` in a fresh folder and an environment without
+    INFERNO_BACKEND, capturing text output. (A fixture, not an import: ``conftest`` is not a unique
+    module name when several test folders run together.)"""
+    env = {k: v for k, v in os.environ.items() if k != "INFERNO_BACKEND"}
+
+    def run(args: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=timeout)
+
+    return run

@@ -45,6 +45,7 @@ def test_defaults():
 @pytest.mark.parametrize("spec, device, dtype, conformance_dtype", [
     ("torch:device=cpu", "cpu", torch.float32, "float32"),
     ("torch:device=auto,dtype=float32", None, torch.float32, "float32"),
+    ("torch:device=CPU", "cpu", torch.float32, "float32"),
     ("torch:device=cpu,dtype=bfloat16", "cpu", torch.bfloat16, "bfloat16"),
     ("torch:dtype=float16", None, torch.float16, "float16"),
     ("torch:device=cpu,dtype=float64", "cpu", torch.float64, "float64"),

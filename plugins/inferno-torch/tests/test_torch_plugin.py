@@ -8,7 +8,6 @@ import json
 import textwrap
 
 import pytest
-from conftest import run_python
 
 pytest.importorskip("torch")
 
@@ -25,20 +24,20 @@ def conformance_args(spec: str) -> list[str]:
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
-def test_conformance_suite(tmp_path, dtype):
-    proc = run_python(conformance_args(f"torch:device=cpu,dtype={dtype}"), cwd=tmp_path, timeout=300)
+def test_conformance_suite(dtype, run_python):
+    proc = run_python(conformance_args(f"torch:device=cpu,dtype={dtype}"))
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout and "failed" not in proc.stdout
 
 
-def test_conformance_suite_rejects_bad_options(tmp_path):
-    proc = run_python(conformance_args("torch:dtype=int8"), cwd=tmp_path)
+def test_conformance_suite_rejects_bad_options(run_python):
+    proc = run_python(conformance_args("torch:dtype=int8"))
     assert proc.returncode != 0
     assert "option dtype='int8' is not supported" in proc.stdout + proc.stderr
 
 
-def test_discovered_through_the_entry_point(tmp_path):
-    proc = run_python(["-m", "inferno", "backends", "--json"], cwd=tmp_path)
+def test_discovered_through_the_entry_point(run_python):
+    proc = run_python(["-m", "inferno", "backends", "--json"])
     assert proc.returncode == 0, proc.stderr
     infos = {i["name"]: i for i in json.loads(proc.stdout)}
     assert infos["torch"]["origin"] == "inferno-torch"
@@ -47,7 +46,7 @@ def test_discovered_through_the_entry_point(tmp_path):
     assert infos["numpy"]["status"] == "ok"
 
 
-def test_listing_backends_does_not_import_torch(tmp_path):
+def test_listing_backends_does_not_import_torch(run_python):
     # `inferno backends` stays fast: torch is imported only when the backend is constructed.
     code = textwrap.dedent("""
         import sys
@@ -57,22 +56,22 @@ def test_listing_backends_does_not_import_torch(tmp_path):
         get_backend("torch:device=cpu")
         assert "torch" in sys.modules
     """)
-    proc = run_python(["-c", code], cwd=tmp_path)
+    proc = run_python(["-c", code])
     assert proc.returncode == 0, proc.stderr
 
 
-def test_cli_generates(model_dir, tmp_path):
+def test_cli_generates(model_dir, run_python):
     args = ["-m", "inferno", "--backend", "torch", "Hello", "--model-dir", str(model_dir),
             "--max-new-tokens", "5", "--ignore-eos", "--json"]
-    proc = run_python(args, cwd=tmp_path)
+    proc = run_python(args)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["backend"] == "torch" and out["new_tokens"] == 5 and out["text"]
 
 
-def test_cli_bad_option(model_dir, tmp_path):
+def test_cli_bad_option(model_dir, run_python):
     args = ["-m", "inferno", "--backend", "torch:device=gpu", "Hello", "--model-dir", str(model_dir)]
-    proc = run_python(args, cwd=tmp_path)
+    proc = run_python(args)
     assert proc.returncode != 0
     assert "option device='gpu' is not a device" in proc.stderr
 
@@ -95,7 +94,7 @@ _BLOCKERS = {
 
 
 @pytest.mark.parametrize("blocker", sorted(_BLOCKERS))
-def test_machine_without_torch(model_dir, tmp_path, blocker):
+def test_machine_without_torch(model_dir, blocker, run_python):
     code = "import sys\n" + textwrap.dedent(_BLOCKERS[blocker]) + textwrap.dedent(f"""
         import json, warnings
         warnings.simplefilter("error")  # a plugin that fails to import would only warn
@@ -113,7 +112,7 @@ def test_machine_without_torch(model_dir, tmp_path, blocker):
         imported = sorted(m for m, mod in sys.modules.items() if m.split(".")[0] == "torch" and mod)
         print(json.dumps({{"statuses": statuses, "error": error, "rc": rc, "imported": imported}}))
     """)
-    proc = run_python(["-c", code], cwd=tmp_path)
+    proc = run_python(["-c", code])
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["statuses"]["torch"].startswith("needs PyTorch: pip install torch")
