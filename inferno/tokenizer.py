@@ -9,6 +9,9 @@ Pure Python (plus the ``regex`` module for ``\\p{L}``-style classes). Encoding i
 
 Step 3 is one C-level ``map`` over a dict whose ``__missing__`` runs BPE, so the common case does no
 per-piece Python work at all.
+
+The ids are those of Hugging Face tokenizers and of tiktoken (tests/test_tokenizer_oracles.py), also
+for the letters and digits Unicode added after 16.0: see _NEWER.
 """
 
 from __future__ import annotations
@@ -30,9 +33,10 @@ __all__ = ["PATTERN", "IncrementalDecoder", "Tokenizer", "TokenizerError", "byte
 # is not a contraction for GPT-2, it is "'" then "LL".
 PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
-# Letters and digits that recent `regex` releases know but that Unicode 16.0 leaves unassigned (new in
-# Unicode 17). Hugging Face tokenizers and tiktoken still classify them with Unicode 16 tables, that is,
-# as neither letter nor digit; so do we, so that ids do not change with the regex module's Unicode version.
+# Letters and digits that recent `regex` releases know but that Unicode 16.0 leaves unassigned (added
+# in Unicode 17 and later). Hugging Face tokenizers and tiktoken still classify them with Unicode 16
+# tables, that is, as neither letter nor digit; so do we, so that the ids do not depend on the regex
+# module's Unicode version. (Found by comparing every code point with both; see the tests.)
 _NEWER_BMP = r"\u0558\u058B-\u058C\u088F\u0C5C\u0CDC\u208F\u209D-\u209F\uA7CE-\uA7CF\uA7D2\uA7D4\uA7DD\uA7E2"
 _NEWER_BMP += r"\uA7F1\uAB6C-\uAB6D"
 _NEWER_ASTRAL = (
@@ -60,7 +64,7 @@ _LONG_PIECE = 64
 # Pieces longer than this are not cached: they are rare and would pin a lot of memory.
 _MAX_CACHED_PIECE = 256
 # Upper bound on the number of cached pieces (beyond the vocabulary itself).
-_CACHE_SIZE = 200_000
+_CACHE_SIZE = 100_000
 # Rank of a pair that is not a merge: larger than any real rank.
 _NO_MERGE = 1 << 62
 
@@ -89,7 +93,7 @@ def bytes_to_unicode() -> dict[int, str]:
 _BYTE_TO_CHAR = bytes_to_unicode()
 _CHAR_TO_BYTE = {c: b for b, c in _BYTE_TO_CHAR.items()}
 # str.translate tables: latin-1 string of raw bytes -> byte-level string, and back.
-_ENCODE_TABLE = {b: c for b, c in _BYTE_TO_CHAR.items()}
+_ENCODE_TABLE = _BYTE_TO_CHAR
 _DECODE_TABLE = {ord(c): b for c, b in _CHAR_TO_BYTE.items()}
 # Characters below 256 that are not in the byte-level alphabet (space, controls) would otherwise pass
 # through translate unchanged and look like valid bytes: send them out of latin-1 range instead.
@@ -339,6 +343,10 @@ class Tokenizer:
         for n, entry in enumerate(added):
             if not isinstance(entry, dict) or not isinstance(entry.get("content"), str) or "id" not in entry:
                 raise fail(f"added_tokens[{n}] needs 'id' and 'content'")
+            # These change how the token is matched in text; GPT-2's has none of them.
+            flags = [flag for flag in ("lstrip", "rstrip", "single_word") if entry.get(flag)]
+            if flags:
+                raise fail(f"added_tokens[{n}] ({entry['content']!r}) sets {', '.join(flags)}: not supported")
             special[entry["content"]] = entry["id"]
         return cls(vocab, merges, special, source=source)
 
@@ -382,6 +390,8 @@ class Tokenizer:
         first, until no pair has a rank."""
         vocab = self._vocab
         if word in vocab:
+            # A whole token is taken as is (so is any piece in the cache's vocabulary part). That is
+            # what BPE gives for every GPT-2 token, which tests/test_tokenizer.py checks.
             return (vocab[word],)
         if len(word) > _LONG_PIECE:
             return tuple(map(vocab.__getitem__, self._bpe_heap(word)))

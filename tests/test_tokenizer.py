@@ -138,6 +138,14 @@ def test_heap_merge_agrees_with_simple_merge(tok: Tokenizer, monkeypatch: pytest
     assert Tokenizer.from_file(TOKENIZER_JSON).encode(text) == expected
 
 
+def test_every_token_is_what_bpe_makes_of_it(tok: Tokenizer) -> None:
+    """Encoding takes a piece that is a whole token as that token without running BPE (as tiktoken
+    does). That is exact only if BPE of each token's own text gives back the token: check."""
+    for token, i in tok._vocab.items():
+        if len(token) > 1 and i != tok.eos_id:
+            assert tok._bpe_heap(token) == [token], token
+
+
 def test_piece_cache_is_bounded(tok: Tokenizer, monkeypatch: pytest.MonkeyPatch) -> None:
     text = ADVERSARIAL.read_bytes().decode("utf-8") + Path(tokmod.__file__).read_text()
     expected = tok.encode(text)
@@ -323,6 +331,7 @@ def _broken(change) -> str:
         (_broken(lambda d: d.update(added_tokens={"a": 1})), "added_tokens is not a list"),
         (_broken(lambda d: d.update(added_tokens=[{"content": "x"}])), r"added_tokens\[0\] needs 'id'"),
         (_broken(lambda d: d["added_tokens"][0].update(id=5)), "reuses id 5"),
+        (_broken(lambda d: d["added_tokens"][0].update(lstrip=True)), "sets lstrip: not supported"),
     ],
 )
 def test_bad_tokenizer_json(tmp_path: Path, content: str | bytes, message: str) -> None:
