@@ -244,11 +244,9 @@ class WorkerPool:
 
 
 def _helper_loop(q: queue.SimpleQueue) -> None:
-    while True:
-        batch = q.get()
-        if batch is None:
-            return
+    while (batch := q.get()) is not None:
         batch.work()
+        del batch  # do not keep the finished call's buffers alive while idle
 
 
 # ----------------------------------------------------------------------------------------- backend

@@ -1,0 +1,413 @@
+"""``inferno bench``: how fast each backend generates text on this machine.
+
+    inferno bench                                  # every usable backend, random 124M-shape weights
+    inferno bench --backends numpy,cpu-threaded --prompt-tokens 512 --new-tokens 16 --repeat 5
+    inferno bench --model-dir gpt2 --json          # the real weights; one JSON object on stdout
+
+Each backend runs the same greedy generation (random prompt ids, end-of-text ignored) `--repeat` times,
+interleaved with the other backends so that a noisy neighbour slows everyone alike; the table shows
+medians. Columns: prefill tok/s (the prompt through the model, up to the first new token), decode tok/s
+(each later token: one cached forward step), total tok/s (new tokens over the whole generation, as
+`inferno` itself reports) and each one's ratio to the ``numpy`` reference, which is always measured.
+
+The helpers here (`random_weights`, `time_generation`, `time_prefill`, `time_decode`) are also what
+``benches/`` builds on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+import numpy as np
+
+from inferno.config import Gpt2Config
+
+BASELINE = "numpy"
+EXIT_USAGE = 2
+
+#: GPT-2 small ("124M"): the shape of every benchmark here.
+GPT2_124M = Gpt2Config(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12)
+
+
+class BenchError(Exception):
+    """A problem with the request (flag, backend, model files); printed as one line, exit code 2."""
+
+
+# ------------------------------------------------------------------------------------------ weights
+
+
+def random_weights(config: Gpt2Config = GPT2_124M, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random float32 weights for `config` under the canonical Hub names (speed does not depend on values).
+
+    Matrices are scaled by 1/sqrt(fan_in) so activations stay O(1) (no overflow, no denormals). Drawn
+    directly in float32: about a second for the 124M shape.
+    """
+    rng = np.random.default_rng(seed)
+    c, v, p = config.n_embd, config.vocab_size, config.n_positions
+
+    def normal(shape: tuple[int, ...], scale: float, loc: float = 0.0) -> np.ndarray:
+        a = rng.standard_normal(shape, dtype=np.float32)
+        a *= scale
+        a += loc
+        return a
+
+    w = {"wte.weight": normal((v, c), 0.1), "wpe.weight": normal((p, c), 0.02),
+         "ln_f.weight": normal((c,), 0.1, 1.0), "ln_f.bias": normal((c,), 0.1)}
+    for i in range(config.n_layer):
+        for ln in ("ln_1", "ln_2"):
+            w[f"h.{i}.{ln}.weight"] = normal((c,), 0.1, 1.0)
+            w[f"h.{i}.{ln}.bias"] = normal((c,), 0.1)
+        for name, n_in, n_out in (("attn.c_attn", c, 3 * c), ("attn.c_proj", c, c),
+                                  ("mlp.c_fc", c, 4 * c), ("mlp.c_proj", 4 * c, c)):
+            w[f"h.{i}.{name}.weight"] = normal((n_in, n_out), n_in**-0.5)
+            w[f"h.{i}.{name}.bias"] = normal((n_out,), 0.1)
+    return w
+
+
+def prompt_ids(n: int, vocab_size: int, seed: int = 0) -> list[int]:
+    """`n` random token ids (seeded), never the end-of-text id (the last one)."""
+    return np.random.default_rng(seed).integers(0, vocab_size - 1, size=n).tolist()
+
+
+# ------------------------------------------------------------------------------------------- timing
+
+
+def time_generation(model: Any, ids: Sequence[int], new_tokens: int) -> tuple[float, float | None]:
+    """One greedy generation, timed like a user sees it: (seconds to the first new token, seconds per
+    later token, or None when there is only one)."""
+    from inferno.generate import generate_tokens
+
+    stream = iter(generate_tokens(model, ids, new_tokens, stop_ids=()))
+    start = time.perf_counter()
+    next(stream)
+    first = time.perf_counter()
+    later = sum(1 for _ in stream)
+    end = time.perf_counter()
+    return first - start, ((end - first) / later if later else None)
+
+
+def time_prefill(model: Any, ids: Sequence[int]) -> float:
+    """Seconds for the prompt through the model (fresh cache) up to host logits of its last position."""
+    cache = model.new_cache(1, len(ids) + 1)
+    start = time.perf_counter()
+    model.backend.to_numpy(model.forward(np.asarray([ids]), cache))
+    return time.perf_counter() - start
+
+
+def time_decode(model: Any, ids: Sequence[int], steps: int) -> float:
+    """Seconds per cached decode step (one token in, host logits out) after prefilling `ids` (untimed)."""
+    cache = model.new_cache(1, len(ids) + steps)
+    logits = model.backend.to_numpy(model.forward(np.asarray([ids]), cache))
+    start = time.perf_counter()
+    for _ in range(steps):
+        token = int(np.argmax(logits[0]))
+        logits = model.backend.to_numpy(model.forward(np.asarray([[token]]), cache))
+    return (time.perf_counter() - start) / steps
+
+
+# ------------------------------------------------------------------------------------------ the run
+
+
+@dataclass
+class BackendResult:
+    spec: str
+    prefill_s: list[float] = field(default_factory=list)
+    decode_s: list[float] = field(default_factory=list)
+    error: str | None = None
+
+    def median(self, which: str) -> float | None:
+        values = self.prefill_s if which == "prefill" else self.decode_s
+        return statistics.median(values) if values else None
+
+
+@dataclass
+class BenchRequest:
+    specs: list[str]
+    prompt_tokens: int = 64
+    new_tokens: int = 32
+    repeat: int = 3
+    warmup: int = 1
+    seed: int = 0
+    model_dir: str | None = None
+
+
+class _Progress:
+    """One status line on stderr: rewritten in place on a terminal, one line per update otherwise."""
+
+    def __init__(self, stream: IO[str], quiet: bool = False) -> None:
+        self.stream = stream
+        self.quiet = quiet
+        self.tty = stream.isatty()
+
+    def __call__(self, message: str) -> None:
+        if self.quiet:
+            return
+        if self.tty:
+            self.stream.write(f"\r\x1b[K{message}")
+        else:
+            self.stream.write(f"inferno bench: {message}\n")
+        self.stream.flush()
+
+    def done(self) -> None:
+        if self.tty and not self.quiet:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+
+
+def _load_weights(model_dir: str | None, seed: int, progress: _Progress) -> tuple[Gpt2Config, dict, str]:
+    from pathlib import Path
+
+    from inferno.hub import ModelFilesMissing, resolve_model_dir
+    from inferno.weights import load_weights
+
+    try:
+        directory = resolve_model_dir(model_dir, download=False)
+    except ModelFilesMissing as exc:
+        if model_dir is not None:
+            raise BenchError(" ".join(str(exc).split())) from None
+        progress("building random 124M-shape weights (no model files found)")
+        return GPT2_124M, random_weights(GPT2_124M, seed), "random (GPT-2 124M shape)"
+    progress(f"loading weights from {directory}")
+    config = Gpt2Config.from_file(Path(directory) / "config.json")
+    return config, load_weights(Path(directory) / "model.safetensors", config), str(directory)
+
+
+def run_bench(request: BenchRequest, progress: _Progress | None = None) -> dict[str, Any]:
+    """Measure every backend of `request`; returns the report (what ``--json`` prints)."""
+    from inferno.backends.registry import get_backend
+    from inferno.model import Gpt2
+
+    progress = progress or _Progress(sys.stderr, quiet=True)
+    config, weights, source = _load_weights(request.model_dir, request.seed, progress)
+    total = request.prompt_tokens + request.new_tokens
+    if total > config.n_positions:
+        raise BenchError(f"--prompt-tokens + --new-tokens = {total} exceeds the model's context "
+                         f"({config.n_positions})")
+    ids = prompt_ids(request.prompt_tokens, config.vocab_size, request.seed)
+    warm_ids = ids[: min(8, len(ids))]
+
+    results = [BackendResult(spec) for spec in request.specs]
+    models: dict[str, Any] = {}
+    try:
+        for r in results:
+            progress(f"loading {r.spec}")
+            try:
+                backend = get_backend(r.spec)
+                models[r.spec] = Gpt2.from_weights(config, weights, backend)
+                for _ in range(request.warmup):
+                    time_generation(models[r.spec], warm_ids, 2)
+            except Exception as exc:  # noqa: BLE001 - one broken backend must not sink the others
+                r.error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+        for rep in range(request.repeat):
+            for r in results:
+                if r.error is not None:
+                    continue
+                progress(f"round {rep + 1}/{request.repeat}: {r.spec} (prompt {request.prompt_tokens}, "
+                         f"{request.new_tokens} new tokens)")
+                try:
+                    prefill, decode = time_generation(models[r.spec], ids, request.new_tokens)
+                except Exception as exc:  # noqa: BLE001
+                    r.error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+                    continue
+                r.prefill_s.append(prefill)
+                if decode is not None:
+                    r.decode_s.append(decode)
+    finally:
+        for model in models.values():
+            model.backend.close()
+        progress.done()
+    return _report(request, config, source, results)
+
+
+def _report(request: BenchRequest, config: Gpt2Config, source: str, results: list[BackendResult]) -> dict:
+    from inferno.backends.threaded import usable_cores
+
+    n_new, n_prompt = request.new_tokens, request.prompt_tokens
+    rows = []
+    for r in results:
+        prefill, decode = r.median("prefill"), r.median("decode")
+        row: dict[str, Any] = {"backend": r.spec, "status": "ok" if r.error is None else "failed"}
+        if r.error is not None:
+            row["error"] = r.error
+        if prefill is not None:
+            seconds = prefill + (decode or 0.0) * (n_new - 1)
+            row.update({
+                "prefill_seconds": prefill,
+                "prefill_tokens_per_second": n_prompt / prefill,
+                "decode_seconds_per_token": decode,
+                "decode_tokens_per_second": 1.0 / decode if decode else None,
+                "total_tokens_per_second": n_new / seconds,
+                "samples": len(r.prefill_s),
+            })
+        rows.append(row)
+    base = next((row for row in rows if row["backend"] == BASELINE and "prefill_seconds" in row), None)
+    for row in rows:
+        if base is not None and "prefill_seconds" in row:
+            row["vs_numpy"] = {
+                key: (row[f"{key}_tokens_per_second"] / base[f"{key}_tokens_per_second"]
+                      if row[f"{key}_tokens_per_second"] and base[f"{key}_tokens_per_second"] else None)
+                for key in ("prefill", "decode", "total")
+            }
+    return {
+        "weights": source,
+        "model": {k: getattr(config, k) for k in ("n_layer", "n_head", "n_embd", "vocab_size")},
+        "prompt_tokens": n_prompt,
+        "new_tokens": n_new,
+        "repeat": request.repeat,
+        "statistic": "median",
+        "machine": {"usable_cores": usable_cores(), "cpu_count": os.cpu_count(),
+                    "platform": platform.platform(), "python": platform.python_version(),
+                    "numpy": np.__version__},
+        "results": rows,
+    }
+
+
+def format_table(report: dict[str, Any]) -> str:
+    """The report as the text table the command prints."""
+    lines = [
+        f"GPT-2 ({report['weights']}): prompt {report['prompt_tokens']} tokens, {report['new_tokens']} new "
+        f"tokens, greedy; median of {report['repeat']}; {report['machine']['usable_cores']} usable cores",
+        "",
+    ]
+    header = ("backend", "prefill tok/s", "decode tok/s", "total tok/s", "vs numpy: prefill", "decode",
+              "total")
+    table = [header]
+    for row in report["results"]:
+        if "prefill_seconds" not in row:
+            table.append((row["backend"], "failed", "", "", "", "", ""))
+            continue
+        ratios = row.get("vs_numpy", {})
+        table.append((
+            row["backend"],
+            _num(row["prefill_tokens_per_second"]),
+            _num(row["decode_tokens_per_second"]),
+            _num(row["total_tokens_per_second"]),
+            *(f"{ratios[k]:.2f}x" if ratios.get(k) else "-" for k in ("prefill", "decode", "total")),
+        ))
+    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+    for r in table:
+        cells = [r[0].ljust(widths[0])] + [r[i].rjust(widths[i]) for i in range(1, len(header))]
+        lines.append("  ".join(cells).rstrip())
+    for row in report["results"]:
+        if row.get("error"):
+            lines.append(f"{row['backend']} failed: {row['error']}")
+    return "\n".join(lines)
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.1f}"
+
+
+# ------------------------------------------------------------------------------------------ the CLI
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:
+        raise BenchError(message)
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="inferno bench", description="Measure end-to-end generation speed of each backend "
+                "on this machine, with ratios to the numpy reference.")
+    p.add_argument("--backends", metavar="A,B,...",
+                   help="backends to measure, with options (numpy,cpu-threaded:threads=2); default: every "
+                   "usable one. numpy is always measured: it is the baseline")
+    p.add_argument("--model-dir", help="use the real weights in this folder (default: ./gpt2 or the "
+                   "Hugging Face cache if present, else random weights of the 124M shape)")
+    p.add_argument("--prompt-tokens", type=_positive, default=64, help="prompt length (default 64)")
+    p.add_argument("--new-tokens", type=_positive, default=32, help="tokens to generate (default 32)")
+    p.add_argument("--repeat", type=_positive, default=3, help="timed runs per backend (default 3)")
+    p.add_argument("--warmup", type=_non_negative, default=1, help="short untimed runs first (default 1)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random prompt and weights")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    return p
+
+
+def split_specs(text: str) -> list[str]:
+    """``"numpy,cpu-threaded:threads=2,min_rows=8"`` → ``["numpy", "cpu-threaded:threads=2,min_rows=8"]``:
+    a piece with ``=`` but no ``:`` is another option of the spec before it."""
+    specs: list[str] = []
+    for piece in (p.strip() for p in text.split(",")):
+        if not piece:
+            continue
+        if specs and "=" in piece and ":" not in piece:
+            specs[-1] += "," + piece
+        else:
+            specs.append(piece)
+    return specs
+
+
+def _choose_backends(text: str | None) -> tuple[list[str], list[str]]:
+    """(specs to measure, notes about usable-looking backends that were skipped)."""
+    from inferno.backends.registry import get_backend_class, list_backends, parse_backend_spec
+
+    if text is None:
+        infos = list_backends()
+        specs = [i.name for i in infos if i.ok]
+        notes = [f"skipped {i.name}: {i.status}" for i in infos if not i.ok]
+    else:
+        specs, notes = split_specs(text), []
+        if not specs:
+            raise BenchError("--backends names no backend")
+        for spec in specs:
+            try:
+                get_backend_class(parse_backend_spec(spec)[0])
+            except (ValueError, RuntimeError) as exc:
+                raise BenchError(" ".join(str(exc).split())) from None
+    if BASELINE not in specs:
+        specs.insert(0, BASELINE)
+    return list(dict.fromkeys(specs)), notes
+
+
+def run_bench_cli(argv: Sequence[str]) -> int:
+    """Entry point of ``inferno bench`` (`argv`: the arguments after ``bench``). Returns the exit code."""
+    try:
+        args = _parser().parse_args(list(argv))
+        specs, notes = _choose_backends(args.backends)
+        request = BenchRequest(specs, args.prompt_tokens, args.new_tokens, args.repeat, args.warmup,
+                               args.seed, args.model_dir)
+        report = run_bench(request, _Progress(sys.stderr, quiet=args.quiet))
+    except BenchError as exc:
+        print(f"inferno bench: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except (OSError, ValueError) as exc:  # unreadable config or weights, and the like
+        print(f"inferno bench: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.json:
+        report["skipped"] = notes
+        print(json.dumps(report, indent=2))
+    else:
+        print(format_table(report))
+        for note in notes:
+            print(note, file=sys.stderr)
+    return 0 if all(row["status"] == "ok" for row in report["results"]) else 1
