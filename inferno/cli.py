@@ -49,6 +49,7 @@ def _number(kind: type, check: Callable[[float], bool], expected: str) -> Callab
 _temperature = _number(float, lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0")
 _top_p = _number(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
 _non_negative = _number(int, lambda v: v >= 0, "an integer >= 0")
+_positive = _number(int, lambda v: v >= 1, "an integer >= 1")
 _any_int = _number(int, lambda v: True, "an integer")
 
 
@@ -64,6 +65,8 @@ def _generate_parser() -> argparse.ArgumentParser:
                    "(default: ./gpt2, then the Hugging Face cache, then a download)")
     p.add_argument("--backend", help="compute backend, optionally with options: NAME[:key=value,...] "
                    "(default: $INFERNO_BACKEND or numpy; see 'inferno backends')")
+    p.add_argument("--threads", type=_positive, help="worker threads, for backends that take them "
+                   "(cpu-threaded; default: the usable cores)")
     p.add_argument("--max-new-tokens", type=_non_negative, default=50, help="tokens to generate (default 50)")
     p.add_argument("--temperature", type=_temperature, help="0 = greedy (default); higher = more random")
     p.add_argument("--top-k", type=_non_negative, help="sample from the k most likely tokens (0 = off)")
@@ -94,8 +97,15 @@ def _run_generate(argv: Sequence[str]) -> int:
     kwargs = _sampling_kwargs(args)
 
     import inferno
+    from inferno.backends.registry import BackendOptionError, get_backend
 
-    pipe = inferno.load(args.model_dir, args.backend)
+    backend = args.backend
+    if args.threads is not None:
+        try:
+            backend = get_backend(args.backend, threads=args.threads)
+        except BackendOptionError as exc:
+            raise CliError(f"--threads: {exc}") from None
+    pipe = inferno.load(args.model_dir, backend)
     stream = pipe.tokens(args.prompt, **kwargs)
     decoder = pipe.tokenizer.incremental_decoder()
     ids: list[int] = []
@@ -170,7 +180,7 @@ def _register_bench() -> None:
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
-    from inferno.backends.registry import BackendUnavailableError, UnknownBackendError
+    from inferno.backends.registry import BackendOptionError, BackendUnavailableError, UnknownBackendError
     from inferno.config import ConfigError
     from inferno.generate import GenerationError
     from inferno.hub import ModelFilesMissing
@@ -179,7 +189,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from inferno.weights import WeightsError
 
     return (CliError, ConfigError, WeightsError, TokenizerError, ModelFilesMissing, UnknownBackendError,
-            BackendUnavailableError, GenerationError, SamplingError, OSError)
+            BackendUnavailableError, BackendOptionError, GenerationError, SamplingError, OSError)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

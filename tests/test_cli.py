@@ -120,6 +120,10 @@ def test_backends_table(env):
         (["--preset", "wild"], "--preset"),
         (["--no-such-flag"], "--no-such-flag"),
         (["--backend", "numpi"], "numpy"),  # "did you mean 'numpy'?"
+        (["--backend", "numpy:dtype=float16"], "dtype"),
+        (["--backend", "numpy:colour=red"], "colour"),
+        (["--threads", "0"], "--threads"),
+        (["--threads", "2"], "--threads"),  # numpy takes no threads option
     ],
 )
 def test_bad_flags(model_dir, env, flags, needle):

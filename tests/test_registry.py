@@ -19,6 +19,7 @@ from inferno.backends import hookimpl, registry
 from inferno.backends.array_api import ArrayApiBackend
 from inferno.backends.numpy_backend import NumpyBackend
 from inferno.backends.registry import (
+    BackendOptionError,
     BackendPluginWarning,
     BackendUnavailableError,
     UnknownBackendError,
@@ -130,10 +131,12 @@ def test_unknown_backend_suggests_close_names():
         get_backend_info("zzz")
 
 
-def test_bad_options_reach_the_backend():
-    with pytest.raises(ValueError, match="dtype must be float32 or float64"):
+def test_bad_options_are_named():
+    # The backend's own message survives, and the error says which backend and options.
+    with pytest.raises(BackendOptionError, match="'numpy'.*dtype must be float32 or float64"):
         get_backend("numpy:dtype=int8")
-    with pytest.raises(TypeError):
+    # An option the constructor does not take is named, with the ones it does take.
+    with pytest.raises(BackendOptionError, match=r"no option 'device' \(its options: dtype\)"):
         get_backend("numpy", device="cuda")
 
 

@@ -52,6 +52,7 @@ from inferno.backends.base import Backend
 
 __all__ = [
     "BackendInfo",
+    "BackendOptionError",
     "BackendPluginWarning",
     "BackendUnavailableError",
     "UnknownBackendError",
@@ -90,6 +91,10 @@ class UnknownBackendError(ValueError):
 
 class BackendUnavailableError(RuntimeError):
     """The backend is known but cannot run here (missing library, or its plugin failed to load)."""
+
+
+class BackendOptionError(ValueError):
+    """The options given to a backend were rejected: unknown names or bad values."""
 
 
 class BackendPluginWarning(UserWarning):
@@ -407,4 +412,20 @@ def get_backend(name: str | None = None, **options: Any) -> Backend:
     """
     backend_name, spec_options = parse_backend_spec(_default_spec() if name is None else name)
     cls = get_backend_class(backend_name)
-    return cls(**{**spec_options, **options})
+    kwargs = {**spec_options, **options}
+    try:
+        accepted = inspect.signature(cls.__init__).parameters
+    except (TypeError, ValueError):  # a C-level or otherwise unintrospectable __init__: let the call say
+        accepted = None
+    if accepted is not None and not any(p.kind is p.VAR_KEYWORD for p in accepted.values()):
+        unknown = sorted(set(kwargs) - set(accepted))
+        if unknown:
+            names = [n for n, p in accepted.items() if n != "self" and p.kind is not p.VAR_POSITIONAL]
+            raise BackendOptionError(
+                f"backend {backend_name!r} has no option {', '.join(map(repr, unknown))} "
+                f"(its options: {', '.join(names) or 'none'})"
+            )
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as exc:
+        raise BackendOptionError(f"backend {backend_name!r} rejected its options {kwargs}: {exc}") from exc
