@@ -309,29 +309,28 @@ mixed_text = st.lists(
     max_size=40,
 ).map("".join)
 
-_ORACLES: dict[str, Any] = {}
+_SHARED: dict[str, Any] = {}
 
 
-def _oracles() -> tuple[Tokenizer, Any, Any]:
-    # hypothesis does not mix with fixtures that are not session-wide; build once here.
-    if not _ORACLES:
-        _ORACLES.update(tok=Tokenizer.from_file(TOKENIZER_JSON), hf=load_hf(), tt=load_tiktoken())
-    return _ORACLES["tok"], _ORACLES["hf"], _ORACLES["tt"]
+def _shared(name: str) -> Any:
+    """tok, hf or tt, built once: hypothesis tests cannot use module-scoped fixtures."""
+    if name not in _SHARED:
+        build = {"tok": lambda: Tokenizer.from_file(TOKENIZER_JSON), "hf": load_hf, "tt": load_tiktoken}
+        _SHARED[name] = build[name]()
+    return _SHARED[name]
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(mixed_text)
 def test_mixed_scripts_and_whitespace(text: str) -> None:
-    tok, hf, tt = _oracles()
-    check(tok, hf, tt, text, where=repr(text))
+    check(_shared("tok"), _shared("hf"), _shared("tt"), text, where=repr(text))
 
 
 # Long pieces take the heap-based merge; a small alphabet makes many equal-rank pairs (ties).
 @settings(max_examples=100, deadline=None)
 @given(st.text(st.sampled_from("aabeilnrst\u00e9\u4e2d"), min_size=65, max_size=2000))
 def test_long_pieces(text: str) -> None:
-    tok, _, tt = _oracles()
-    assert tok.encode(text) == tt.encode_ordinary(text)
+    assert _shared("tok").encode(text) == _shared("tt").encode_ordinary(text)
 
 
 @pytest.mark.parametrize("kind", ["letters", "repeated", "mixed", "digits", "punctuation"])
@@ -366,3 +365,21 @@ def test_pinned_pattern_splits_like_pattern_elsewhere(
 ) -> None:
     text = adversarial[0] + "".join(text for _, text in corpus[::7])[:300_000]
     assert tok._findall_pinned(text) == tok._findall(text)
+
+
+def test_lone_surrogates_like_tiktoken(tok: Tokenizer, tt: Any) -> None:
+    for text in ["a\ud800b", "\udfff", "x \ud83d\ude00 y", "\ud800\ud800'll"]:
+        assert tok.encode(text) == tt.encode_ordinary(text), repr(text)
+
+
+@settings(max_examples=200, deadline=None)
+@given(mixed_text)
+def test_streaming_mixed_text(text: str) -> None:
+    """Fed one id at a time, the decoder gives back the text, and never a U+FFFD that is not in it
+    (which would be a partial character let out too early)."""
+    tok = _shared("tok")
+    decoder = tok.incremental_decoder()
+    pieces = [decoder.feed(i) for i in tok.encode(text, allow_special=True)]
+    assert "".join(pieces) + decoder.flush() == text
+    if "\ufffd" not in text:
+        assert not any("\ufffd" in piece for piece in pieces)
