@@ -34,22 +34,20 @@ if TYPE_CHECKING:
 #: Compute dtypes by name. float32 is the default; float64 is for checks (not on MPS).
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 DEVICE_TYPES = ("cpu", "cuda", "mps")
-OPTIONS = ("device", "dtype")
 
 
 class TorchBackend(ArrayApiBackend):
     name = "torch"
     description = ("PyTorch tensors through array-api-compat on CUDA, MPS or the CPU "
-                   "(device=auto|cpu|cuda[:N]|mps, dtype=float32|bfloat16|float16).")
+                   "(device=auto|cpu|cuda[:N]|mps, dtype=float32|bfloat16|float16, threads=N).")
 
-    def __init__(self, device: Any = None, dtype: Any = "float32", **unknown: Any) -> None:
+    def __init__(self, device: Any = None, dtype: Any = "float32", threads: Any = None) -> None:
         """`device`: None or "auto" (cuda if available, then mps, then cpu), "cpu", "cuda", "cuda:N",
         "mps" or a `torch.device`. `dtype`: the compute dtype, "float32" (default), "bfloat16",
-        "float16" or "float64" (a `torch.dtype` works too). Bad values raise ValueError naming the option.
+        "float16" or "float64" (a `torch.dtype` works too). `threads`: torch's CPU thread count
+        (`torch.set_num_threads`, which is process-wide); None or "auto" leaves torch's default.
+        Bad values raise ValueError naming the option.
         """
-        if unknown:
-            raise ValueError(f"torch backend: unknown option {', '.join(map(repr, sorted(unknown)))} "
-                             f"(options: {', '.join(OPTIONS)})")
         try:
             import array_api_compat.torch as xp
             import torch
@@ -60,10 +58,15 @@ class TorchBackend(ArrayApiBackend):
         self._F = torch.nn.functional
         dtype_name = _dtype_name(dtype)
         torch_device = _resolve_device(torch, device)
+        n_threads = _threads(threads)
         if torch_device.type == "mps" and dtype_name == "float64":
             raise ValueError("torch backend: option dtype='float64' is not supported on MPS "
                              f"(choose one of {', '.join(d for d in DTYPES if d != 'float64')})")
         super().__init__(xp=xp, dtype=dtype_name, device=torch_device)
+        if n_threads is not None:
+            # On a busy machine fewer threads than cores can be much faster: every parallel region
+            # waits for its slowest thread, and a descheduled one holds everybody up.
+            torch.set_num_threads(n_threads)
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
@@ -135,6 +138,14 @@ def _dtype_name(dtype: Any) -> str:
         raise ValueError(f"torch backend: option dtype={dtype!r} is not supported "
                          f"(choose one of {', '.join(DTYPES)})")
     return name
+
+
+def _threads(threads: Any) -> int | None:
+    if threads is None or threads == "auto":
+        return None
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"torch backend: option threads={threads!r} must be an integer >= 1 or 'auto'")
+    return threads
 
 
 def _resolve_device(torch: Any, device: Any) -> torch.device:

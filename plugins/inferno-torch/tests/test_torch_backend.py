@@ -75,13 +75,26 @@ def test_python_api_takes_torch_objects():
     ("torch:device=meta", "device type 'meta' is not supported"),
     ("torch:device=true", "option device=True is not a device"),
     ("torch:device=cuda:99", "option device='cuda:99'"),
-    ("torch:devcie=cpu", "unknown option 'devcie' (options: device, dtype)"),
+    ("torch:threads=0", "option threads=0 must be an integer >= 1 or 'auto'"),
+    ("torch:threads=two", "option threads='two'"),
+    ("torch:threads=1.5", "option threads=1.5"),
+    ("torch:devcie=cpu", "'devcie' (its options: device, dtype, threads)"),  # the registry's check
 ])
 def test_bad_options_name_the_option(spec, needle):
-    with pytest.raises(ValueError) as info:
+    with pytest.raises(ValueError, match="backend 'torch'") as info:  # the registry's BackendOptionError
         get_backend(spec)
     assert needle in str(info.value)
-    assert str(info.value).startswith("torch backend: ")
+
+
+def test_threads_option():
+    before = torch.get_num_threads()
+    try:
+        get_backend("torch:device=cpu,threads=1")
+        assert torch.get_num_threads() == 1
+        get_backend("torch:threads=auto")
+        assert torch.get_num_threads() == 1  # auto leaves torch's setting alone
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")
