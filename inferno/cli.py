@@ -168,15 +168,13 @@ def _run_backends(argv: Sequence[str]) -> int:
     return 0
 
 
-SUBCOMMANDS: dict[str, Callable[[Sequence[str]], int]] = {"backends": _run_backends}
+def _run_bench(argv: Sequence[str]) -> int:
+    from inferno.bench import run_bench_cli  # imported only when asked for: it is not small
+
+    return run_bench_cli(argv)
 
 
-def _register_bench() -> None:
-    try:
-        from inferno.bench import run_bench_cli
-    except ImportError:
-        return
-    SUBCOMMANDS["bench"] = run_bench_cli
+SUBCOMMANDS: dict[str, Callable[[Sequence[str]], int]] = {"backends": _run_backends, "bench": _run_bench}
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
@@ -194,7 +192,6 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    _register_bench()
     try:
         if argv and argv[0] in SUBCOMMANDS:
             return SUBCOMMANDS[argv[0]](argv[1:])
