@@ -11,6 +11,7 @@ same ~2 MB of mixed real text in one run; ``extra_info`` has the MB/s of each. F
 from __future__ import annotations
 
 import importlib.util
+import random
 from pathlib import Path
 from typing import Any
 
@@ -100,3 +101,23 @@ def test_load_hf_tokenizers(benchmark: Any) -> None:
     tokenizers = pytest.importorskip("tokenizers")
     tok = benchmark.pedantic(tokenizers.Tokenizer.from_file, args=(str(TOKENIZER_JSON),), rounds=10)
     assert tok.get_vocab_size() == 50257
+
+
+@pytest.fixture(scope="module")
+def long_word() -> str:
+    """100,000 letters without a space: one piece, so one long BPE problem (the heap-based merge)."""
+    return "".join(random.Random(0).choices("abcdefghijklmnopqrstuvwxyz", k=100_000))
+
+
+@pytest.mark.benchmark(group="tokenizer-100k-word")
+def test_long_word_inferno(benchmark: Any, long_word: str) -> None:
+    tok = Tokenizer.from_file(TOKENIZER_JSON)
+    ids = benchmark.pedantic(tok.encode, args=(long_word,), rounds=3)
+    assert tok.decode(ids) == long_word
+
+
+@pytest.mark.benchmark(group="tokenizer-100k-word")
+def test_long_word_tiktoken(benchmark: Any, long_word: str) -> None:
+    tt = oracle_helpers().load_tiktoken()
+    ids = benchmark.pedantic(tt.encode_ordinary, args=(long_word,), rounds=3)
+    assert ids == Tokenizer.from_file(TOKENIZER_JSON).encode(long_word)

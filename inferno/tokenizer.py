@@ -413,25 +413,31 @@ class Tokenizer:
         return tuple(map(vocab.__getitem__, symbols))
 
     def _bpe_heap(self, word: str) -> list[str]:
-        """The same merges as ``_bpe`` in O(n log n): a heap of (rank, position) over a linked list."""
+        """The same merges as ``_bpe`` in O(n log n): a heap of (rank, position) over a linked list.
+
+        Heap entries are single ints, rank << shift | position, which compare much faster than tuples.
+        """
         ranks_get = self._ranks.get
         symbols: list[str | None] = list(word)
         n = len(symbols)
+        shift = n.bit_length()
+        mask = (1 << shift) - 1
         nxt = list(range(1, n + 1))
         nxt[-1] = -1
         prv = list(range(-1, n - 1))
-        pair_ranks = (ranks_get(a + " " + b) for a, b in pairwise(word))
-        heap = [(r, i) for i, r in enumerate(pair_ranks) if r is not None]
+        pair_ranks = map(ranks_get, map(" ".join, pairwise(word)))
+        heap = [r << shift | i for i, r in enumerate(pair_ranks) if r is not None]
         heapq.heapify(heap)
         pop, push = heapq.heappop, heapq.heappush
         while heap:
-            rank, i = pop(heap)
+            entry = pop(heap)
+            i = entry & mask
             left = symbols[i]
             j = nxt[i]
             if left is None or j < 0:
                 continue  # merged away since it was queued
             right = symbols[j]
-            if ranks_get(left + " " + right) != rank:
+            if ranks_get(left + " " + right) != entry >> shift:
                 continue  # the pair at i changed since it was queued
             merged = symbols[i] = left + right
             symbols[j] = None
@@ -440,12 +446,12 @@ class Tokenizer:
                 prv[k] = i
                 r = ranks_get(merged + " " + symbols[k])
                 if r is not None:
-                    push(heap, (r, i))
+                    push(heap, r << shift | i)
             h = prv[i]
             if h >= 0:
                 r = ranks_get(symbols[h] + " " + merged)
                 if r is not None:
-                    push(heap, (r, h))
+                    push(heap, r << shift | h)
         return [s for s in symbols if s is not None]
 
     # ---------------------------------------------------------------------------------------- decoding
