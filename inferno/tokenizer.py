@@ -60,7 +60,7 @@ _PINNED_PATTERN = (
 )
 
 # Pieces longer than this (in bytes) use the heap-based merge, which is O(n log n) instead of O(n^2).
-_LONG_PIECE = 64
+_LONG_PIECE = 32
 # Pieces longer than this are not cached: they are rare and would pin a lot of memory.
 _MAX_CACHED_PIECE = 256
 # Upper bound on the number of cached pieces (beyond the vocabulary itself).
