@@ -106,7 +106,7 @@ class TorchBackend(ArrayApiBackend):
         return self._F.gelu(x, approximate="tanh")
 
     def layernorm(self, x, gamma, beta, eps):
-        # Fused, and accumulates half types in float32 (the inherited mean of bfloat16 values does not).
+        # One fused pass (Welford) instead of the inherited five elementwise and reduction passes.
         return self._F.layer_norm(x, (x.shape[-1],), gamma, beta, eps)
 
     def softmax(self, x):
@@ -114,8 +114,8 @@ class TorchBackend(ArrayApiBackend):
         return self._torch.softmax(x, dim=-1)
 
     def attention(self, q, k_cache, v_cache, offset):
-        # scaled_dot_product_attention picks a fused kernel (flash / memory-efficient) for the device and
-        # never materialises the [T, S] scores in global memory on CUDA.
+        # scaled_dot_product_attention picks a fused kernel for the device (flash / memory-efficient on
+        # CUDA, a blocked flash kernel on the CPU): the [T, S] scores are not materialised.
         t = q.shape[2]
         s = offset + t
         k, v = k_cache[:, :, :s], v_cache[:, :, :s]
