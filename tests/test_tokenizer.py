@@ -235,28 +235,16 @@ _some_ids = st.one_of(
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(_some_ids, max_size=40))
-def test_streaming_equals_decode_for_any_ids(ids: list[int]) -> None:
-    tok = _shared_tokenizer()
+@given(ids=st.lists(_some_ids, max_size=40))
+def test_streaming_equals_decode_for_any_ids(
+    tok: Tokenizer, id_bytes: dict[int, bytes], ids: list[int]
+) -> None:
     decoder = tok.incremental_decoder()
     streamed = "".join(decoder.feed(i) for i in ids) + decoder.flush()
-    raw = b"".join(tok._id_to_bytes[i] for i in ids)
-    assert streamed == tok.decode(ids) == raw.decode("utf-8", "replace")
+    assert streamed == tok.decode(ids) == b"".join(id_bytes[i] for i in ids).decode("utf-8", "replace")
     # The stdlib's incremental decoder is what defines "the same as decoding all at once".
     reference = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    assert streamed == "".join(reference.decode(tok._id_to_bytes[i]) for i in ids) + reference.decode(
-        b"", True
-    )
-
-
-_TOKENIZER: list[Tokenizer] = []
-
-
-def _shared_tokenizer() -> Tokenizer:
-    # hypothesis does not mix with function-scoped fixtures; load once per session.
-    if not _TOKENIZER:
-        _TOKENIZER.append(Tokenizer.from_file(TOKENIZER_JSON))
-    return _TOKENIZER[0]
+    assert streamed == "".join(reference.decode(id_bytes[i]) for i in ids) + reference.decode(b"", True)
 
 
 # ------------------------------------------------------------------------------------ bad tokenizer.json

@@ -309,28 +309,18 @@ mixed_text = st.lists(
     max_size=40,
 ).map("".join)
 
-_SHARED: dict[str, Any] = {}
-
-
-def _shared(name: str) -> Any:
-    """tok, hf or tt, built once: hypothesis tests cannot use module-scoped fixtures."""
-    if name not in _SHARED:
-        build = {"tok": lambda: Tokenizer.from_file(TOKENIZER_JSON), "hf": load_hf, "tt": load_tiktoken}
-        _SHARED[name] = build[name]()
-    return _SHARED[name]
-
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(mixed_text)
-def test_mixed_scripts_and_whitespace(text: str) -> None:
-    check(_shared("tok"), _shared("hf"), _shared("tt"), text, where=repr(text))
+@given(text=mixed_text)
+def test_mixed_scripts_and_whitespace(tok: Tokenizer, hf: Any, tt: Any, text: str) -> None:
+    check(tok, hf, tt, text, where=repr(text))
 
 
 # Long pieces take the heap-based merge; a small alphabet makes many equal-rank pairs (ties).
 @settings(max_examples=100, deadline=None)
-@given(st.text(st.sampled_from("aabeilnrst\u00e9\u4e2d"), min_size=33, max_size=2000))
-def test_long_pieces(text: str) -> None:
-    assert _shared("tok").encode(text) == _shared("tt").encode_ordinary(text)
+@given(text=st.text(st.sampled_from("aabeilnrst\u00e9\u4e2d"), min_size=33, max_size=2000))
+def test_long_pieces(tok: Tokenizer, tt: Any, text: str) -> None:
+    assert tok.encode(text) == tt.encode_ordinary(text)
 
 
 @pytest.mark.parametrize("kind", ["letters", "repeated", "mixed", "digits", "punctuation"])
@@ -373,11 +363,10 @@ def test_lone_surrogates_like_tiktoken(tok: Tokenizer, tt: Any) -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(mixed_text)
-def test_streaming_mixed_text(text: str) -> None:
+@given(text=mixed_text)
+def test_streaming_mixed_text(tok: Tokenizer, text: str) -> None:
     """Fed one id at a time, the decoder gives back the text, and never a U+FFFD that is not in it
     (which would be a partial character let out too early)."""
-    tok = _shared("tok")
     decoder = tok.incremental_decoder()
     pieces = [decoder.feed(i) for i in tok.encode(text, allow_special=True)]
     assert "".join(pieces) + decoder.flush() == text
