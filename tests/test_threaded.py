@@ -36,7 +36,9 @@ from inferno.model import Gpt2
 TESTS = Path(__file__).resolve().parent
 THREAD_PREFIX = "inferno-cpu-threaded"
 # Every kernel through the pool, even at the conformance suite's small shapes.
-FORCED = {"min_rows": 1, "min_elements": 1}
+FORCED = {"min_rows": 1, "min_macs": 1, "min_elements": 1}
+# Every call takes the decode paths (one pooled call per attention block and per MLP), whatever its size.
+DECODE = {"min_rows": 10**9, "min_macs": 1, "min_elements": 1, "decode": "pool"}
 
 # Registers the backend in-process when the installed metadata has no entry point for it yet.
 REGISTER = """
@@ -60,9 +62,9 @@ def registered():
     registry._reset()
 
 
-@pytest.fixture(scope="module")
-def forced():
-    with ThreadedBackend(threads=3, **FORCED) as be:
+@pytest.fixture(scope="module", params=[FORCED, DECODE], ids=["forced", "decode"])
+def forced(request):
+    with ThreadedBackend(threads=3, **request.param) as be:
         yield be
 
 
@@ -139,10 +141,11 @@ def test_pool_has_threads_minus_one_helpers():
 # ----------------------------------------------------------------------------------------- results
 
 
-@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("threads, options", [(1, FORCED), (2, FORCED), (3, FORCED), (3, DECODE)],
+                         ids=["1-forced", "2-forced", "3-forced", "3-decode"])
 @pytest.mark.parametrize("check", all_checks(), ids=str)
-def test_conformance_with_every_kernel_pooled(check, threads):
-    with ThreadedBackend(threads=threads, **FORCED) as be:
+def test_conformance_with_every_kernel_pooled(check, threads, options):
+    with ThreadedBackend(threads=threads, **options) as be:
         check(be)
 
 
@@ -165,7 +168,21 @@ def test_attention_matches_numpy(forced, t, offset, batch):
     np.testing.assert_allclose(forced.attention(q, k, v, offset), want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("t", [1, 17, 150])
+@pytest.mark.parametrize("rows, n_in, n_out", [(1, 64, 1000), (7, 30, 50), (600, 48, 160), (300, 16, 3)])
+def test_linear_blocks_match_numpy(forced, rows, n_in, n_out):
+    """Row tiles (more rows than one tile holds) and weight-column blocks, with and without bias."""
+    rng = np.random.default_rng(rows)
+    x = rng.standard_normal((1, rows, n_in), dtype=np.float32)
+    w = rng.standard_normal((n_in, n_out), dtype=np.float32)
+    b = rng.standard_normal(n_out, dtype=np.float32)
+    for bias in (b, None):
+        np.testing.assert_allclose(forced.linear(x, w, bias), NumpyBackend().linear(x, w, bias),
+                                   rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(forced.lm_head(x[0], w.T), NumpyBackend().lm_head(x[0], w.T), rtol=1e-5,
+                               atol=1e-4)
+
+
+@pytest.mark.parametrize("t", [1, 17, 150, 300])
 def test_compositions_match_numpy(forced, t):
     rng = np.random.default_rng(t)
     c, h = 48, 4
@@ -187,7 +204,8 @@ def greedy(model: Gpt2, prompt: list[int], n: int) -> list[int]:
     return list(generate_tokens(model, prompt, n, stop_ids=()))
 
 
-@pytest.mark.parametrize("spec", [dict(threads=2), dict(threads=3, **FORCED), dict(threads=1)])
+@pytest.mark.parametrize("spec", [dict(threads=2), dict(threads=3, **FORCED), dict(threads=3, **DECODE),
+                                  dict(threads=1)], ids=["2", "3-forced", "3-decode", "1"])
 @pytest.mark.parametrize("seed, n_embd, n_head, prompt_len", [(0, 32, 2, 5), (1, 48, 3, 40), (2, 64, 4, 90)])
 def test_greedy_ids_equal_numpy(spec, seed, n_embd, n_head, prompt_len):
     config = small_config(vocab_size=97, n_positions=128, n_embd=n_embd, n_layer=2, n_head=n_head)
@@ -302,7 +320,7 @@ def test_keyboard_interrupt_in_the_caller_leaves_the_pool_usable():
 
 def test_close_joins_threads_and_is_idempotent():
     before = helper_threads()
-    be = ThreadedBackend(threads=4)
+    be = ThreadedBackend(threads=4, **FORCED)
     be.close()
     be.close()
     assert helper_threads() == before
@@ -313,7 +331,7 @@ def test_close_joins_threads_and_is_idempotent():
 def test_garbage_collected_backend_stops_its_threads():
     before = helper_threads()
     be = ThreadedBackend(threads=3, **FORCED)
-    be.linear(np.ones((1, 40, 8), np.float32), np.ones((8, 8), np.float32), None)
+    be.linear(np.ones((1, 40, 8), np.float32), np.ones((8, 512), np.float32), None)
     del be
     gc.collect()
     assert helper_threads() == before
@@ -330,7 +348,7 @@ def test_dead_worker_is_a_clear_error_not_a_hang():
 
     be._pool._queues[0].put(Poison())
     be._pool._helpers[0].join(10)
-    x, w = np.ones((1, 40, 8), np.float32), np.ones((8, 8), np.float32)
+    x, w = np.ones((1, 40, 8), np.float32), np.ones((8, 512), np.float32)
     start = time.monotonic()
     with pytest.raises(WorkerError, match=r"worker thread inferno-cpu-threaded-1 died"):
         be.linear(x, w, None)
@@ -348,8 +366,8 @@ def test_no_threads_left_at_exit_without_close():
                                                  if t.name.startswith("inferno")], flush=True))
         import numpy as np
         from inferno.backends.threaded import ThreadedBackend
-        be = ThreadedBackend(threads=3, min_rows=1)
-        be.linear(np.ones((1, 40, 8), np.float32), np.ones((8, 8), np.float32), None)
+        be = ThreadedBackend(threads=3, min_rows=1, min_macs=1)
+        be.linear(np.ones((1, 40, 8), np.float32), np.ones((8, 512), np.float32), None)
         print("threads:", sum(t.name.startswith("inferno") for t in threading.enumerate()), flush=True)
     """, timeout=30)
     assert proc.returncode == 0, proc.stderr
@@ -361,7 +379,7 @@ def test_uncaught_exception_exits_promptly():
     proc = run_script("""
         import numpy as np
         from inferno.backends.threaded import ThreadedBackend
-        be = ThreadedBackend(threads=3, min_rows=1)
+        be = ThreadedBackend(threads=3, min_rows=1, min_macs=1)
         be.linear(np.ones((1, 40, 8), np.float32), np.ones((9, 8), np.float32), None)
     """, timeout=30)
     assert proc.returncode == 1
@@ -396,7 +414,8 @@ def test_ctrl_c_during_pooled_work_exits_promptly():
         from inferno.backends.threaded import ThreadedBackend
         from inferno.model import Gpt2
         config = small_config(vocab_size=300, n_positions=256, n_embd=128, n_layer=4, n_head=4)
-        model = Gpt2.from_weights(config, random_state_dict(config), ThreadedBackend(threads=3, min_rows=1))
+        backend = ThreadedBackend(threads=3, min_rows=1, min_macs=1)
+        model = Gpt2.from_weights(config, random_state_dict(config), backend)
         ids = np.arange(256)[None] % 300
         print("ready", flush=True)
         try:
@@ -423,7 +442,7 @@ def test_ctrl_c_in_the_cli_exits_130(tmp_path):
     proc, seconds = _interrupt(REGISTER + textwrap.dedent(f"""
         print("ready", flush=True)
         from inferno.cli import main
-        spec = "cpu-threaded:threads=2,min_rows=1,min_elements=1"
+        spec = "cpu-threaded:threads=2,min_rows=1,min_macs=1,min_elements=1"
         sys.exit(main(["--model-dir", {str(tmp_path)!r}, "--backend", spec, "--max-new-tokens", "100000",
                        "--ignore-eos", "Hello"]))
     """), wait_for_output=True)
@@ -438,8 +457,8 @@ def test_forked_child_gets_its_own_threads():
         import os
         import numpy as np
         from inferno.backends.threaded import ThreadedBackend
-        be = ThreadedBackend(threads=3, min_rows=1)
-        x, w = np.ones((1, 40, 8), np.float32), np.ones((8, 8), np.float32)
+        be = ThreadedBackend(threads=3, min_rows=1, min_macs=1)
+        x, w = np.ones((1, 40, 8), np.float32), np.ones((8, 512), np.float32)
         be.linear(x, w, None)
         pid = os.fork()
         if pid == 0:

@@ -22,11 +22,14 @@ from inferno.backends.numpy_backend import _GELU_C, NumpyBackend
 
 ENV_THREADS = "INFERNO_THREADS"
 
-# Below these sizes a pooled op costs more (wake-ups, smaller GEMMs) than it gains: run it directly.
-MIN_ROWS = 16  # matmul rows (tokens); decode (1 row) always takes the direct path
-MIN_ELEMENTS = 1 << 16  # elementwise kernels
-ROW_TILE = 64  # rows per task at most: keeps the MLP's [rows, 4C] intermediate in L2
-TASKS_PER_THREAD = 4  # more tasks than threads, so a descheduled thread does not hold everyone up
+# Below these sizes the pool costs more (waking threads, smaller BLAS calls) than it gains, and a kernel
+# runs directly, as in the numpy backend. Measured on 2 cores; see the module docstring.
+MIN_ROWS = 32  # matmul rows (tokens): decode (1 row) always runs directly, on BLAS's own threads
+MIN_MACS = 1 << 24  # matmul multiply-adds (~0.3 ms on one core)
+MIN_ELEMENTS = 1 << 18  # elementwise kernels, attention scores
+ROW_TILE = 256  # matmul rows per task at most; below ~128 rows single-threaded BLAS loses efficiency
+MIN_COLS = 64  # matmul weight columns per task at least
+TASKS_PER_THREAD = 3  # more tasks than threads, so that one descheduled thread does not hold up the rest
 QUERY_TILE = 64  # attention: queries per task; the causal mask wastes only QUERY_TILE²/2 scores per tile
 
 
@@ -263,23 +266,32 @@ class ThreadedBackend(NumpyBackend):
         dtype: str | np.dtype = "float32",
         *,
         min_rows: int = MIN_ROWS,
+        min_macs: int = MIN_MACS,
         min_elements: int = MIN_ELEMENTS,
+        decode: str = "blas",
     ) -> None:
-        """`threads`: worker count (see `resolve_threads`). `min_rows`, `min_elements`: the sizes from
-        which kernels use the pool (1 forces it everywhere, for tests)."""
+        """`threads`: worker count (see `resolve_threads`). Below `min_rows` rows (tokens) or `min_macs`
+        multiply-adds a matmul runs directly, below `min_elements` elements an elementwise kernel or the
+        attention scores do; 1, 1, 1 force the pool everywhere (for tests). `decode`: how calls of fewer
+        than `min_rows` rows run: "blas" directly, BLAS threaded as in the numpy backend (the faster here),
+        or "pool": one pooled call per attention block (by heads) and per MLP (c_fc column blocks with
+        the matching c_proj rows, summed), the LM head by vocabulary blocks."""
+        if decode not in ("blas", "pool"):
+            raise ValueError(f"cpu-threaded: decode must be 'blas' or 'pool', got {decode!r}")
         super().__init__(dtype)
-        self.min_rows = int(min_rows)
-        self.min_elements = int(min_elements)
         from threadpoolctl import ThreadpoolController
 
         self.threads = resolve_threads(threads)
+        self.min_rows = int(min_rows)
+        self.min_macs = int(min_macs)
+        self.min_elements = int(min_elements)
+        self._blas = ThreadpoolController().select(user_api="blas")
+        blas_threads = max((lib.num_threads or 1 for lib in self._blas.lib_controllers), default=1)
+        self._direct_limit = self.threads if self.threads < blas_threads else None
+        self._decode_pool = decode == "pool"
         self._pool = WorkerPool(self.threads)
         # Runs close() when the backend is garbage collected or at interpreter exit, whichever is first.
         self._finalizer = weakref.finalize(self, self._pool.close)
-        self._blas = ThreadpoolController().select(user_api="blas")
-        blas_threads = max((lib.num_threads or 1 for lib in self._blas.lib_controllers), default=1)
-        # Direct (unpooled) ops let BLAS use its own threads, but never more than we were given.
-        self._direct_blas = self.threads if self.threads < blas_threads else None
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
@@ -303,70 +315,192 @@ class ThreadedBackend(NumpyBackend):
 
     # ------------------------------------------------------------------------------------- plumbing
 
-    def _pinned(self) -> AbstractContextManager:
-        """Single-threaded BLAS inside pooled work: the pool provides the parallelism."""
+    def _one_blas_thread(self) -> AbstractContextManager:
+        """BLAS single-threaded while the pool runs: the pool is the parallelism, and BLAS's own threads
+        would oversubscribe the cores. Restored on exit, so other code in the process is unaffected."""
         return self._blas.limit(limits=1)
 
-    def _direct(self) -> AbstractContextManager:
-        if self._direct_blas is None:
-            return nullcontext()
-        return self._blas.limit(limits=self._direct_blas)
+    def _blas_for(self, rows: int) -> AbstractContextManager:
+        """BLAS threads for a matmul that runs directly. In a prefill (many rows) one thread too: BLAS's
+        threads would compete with the pool's for the same cores between pooled kernels. In decode (few
+        rows) BLAS's own threads, as in the numpy backend, but no more than we were given."""
+        if rows >= self.min_rows:
+            return self._one_blas_thread()
+        if self._direct_limit is not None:
+            return self._blas.limit(limits=self._direct_limit)
+        return nullcontext()
 
-    def _row_tiles(self, rows: int, tile: int = ROW_TILE) -> list[slice]:
-        """Row slices for the pool: matmuls in tiles of at most `tile` rows (and at least one per thread);
-        elementwise kernels (tile 0) in TASKS_PER_THREAD slices per thread."""
-        n = self.threads * TASKS_PER_THREAD if tile == 0 else max(math.ceil(rows / tile), self.threads)
-        step = math.ceil(rows / min(n, rows))
-        return [slice(r, min(r + step, rows)) for r in range(0, rows, step)]
+    def _row_tiles(self, rows: int) -> list[slice]:
+        """TASKS_PER_THREAD row slices per thread (elementwise kernels)."""
+        return _chunks(rows, self.threads * TASKS_PER_THREAD)
 
-    def _parallel_rows(self, rows: int) -> bool:
-        return self.threads > 1 and rows >= self.min_rows
+    def _pooled_gemm(self, rows: int, k: int, n: int) -> bool:
+        return self.threads > 1 and rows >= self.min_rows and rows * k * n >= self.min_macs
+
+    def _gemm(self, x2, w, b, out, post: Callable[[np.ndarray], None] | None = None) -> None:
+        """``out = post(x2 @ w + b)`` with x2 [M, K], w [K, N], out [M, N].
+
+        Large products run on the pool in blocks: tiles of at most ROW_TILE rows times blocks of weight
+        columns (views, no copy), enough blocks for TASKS_PER_THREAD per thread; bias and `post` (gelu)
+        are applied to each block while it is in cache. Small ones (decode) run directly, BLAS threaded
+        as in the numpy backend.
+        """
+        rows, n_out = out.shape
+        if not self._pooled_gemm(rows, x2.shape[1], n_out) and not self._decode(rows):
+            with self._blas_for(rows):
+                np.matmul(x2, w, out=out)
+            if b is not None:
+                out += b
+            if post is not None:
+                post(out)
+            return
+        row_parts = _chunks(rows, math.ceil(rows / ROW_TILE))
+        n_cols = math.ceil(self.threads * TASKS_PER_THREAD / len(row_parts))
+        col_parts = _chunks(n_out, max(1, min(n_cols, n_out // MIN_COLS)))
+        blocks = [(r, c) for r in row_parts for c in col_parts]
+
+        def task(i: int) -> None:
+            r, c = blocks[i]
+            o = out[r, c]
+            np.matmul(x2[r], w[:, c], out=o)
+            if b is not None:
+                o += b[c]
+            if post is not None:
+                post(o)
+
+        with self._one_blas_thread():
+            self._pool.run(task, len(blocks))
 
     # -------------------------------------------------------------------------------------- kernels
 
     def linear(self, x, w, b):
-        rows = math.prod(x.shape[:-1])
-        if not self._parallel_rows(rows):
-            with self._direct():
-                return super().linear(x, w, b)
-        with self._pinned():
-            return self._linear(x, w, b)
-
-    def _linear(self, x, w, b):
         x2 = x.reshape(-1, x.shape[-1])
         out = np.empty((x2.shape[0], w.shape[1]), dtype=np.result_type(x, w))
-        tiles = self._row_tiles(x2.shape[0])
-
-        def task(i: int) -> None:
-            r = tiles[i]
-            np.matmul(x2[r], w, out=out[r])
-            if b is not None:
-                out[r] += b
-
-        self._pool.run(task, len(tiles))
+        self._gemm(x2, w, b, out)
         return out.reshape(*x.shape[:-1], w.shape[1])
 
-    def mlp(self, x, w_fc, b_fc, w_proj, b_proj):
-        rows = math.prod(x.shape[:-1])
-        if not self._parallel_rows(rows):
-            with self._direct():
-                return super().mlp(x, w_fc, b_fc, w_proj, b_proj)
+    def lm_head(self, x, wte):
         x2 = x.reshape(-1, x.shape[-1])
-        out = np.empty((rows, w_proj.shape[1]), dtype=np.result_type(x, w_fc))
-        tiles = self._row_tiles(rows)
+        out = np.empty((x2.shape[0], wte.shape[0]), dtype=np.result_type(x, wte))
+        self._gemm(x2, wte.T, None, out)  # column blocks of wte.T are row blocks of wte: contiguous
+        return out.reshape(*x.shape[:-1], wte.shape[0])
+
+    def mlp(self, x, w_fc, b_fc, w_proj, b_proj):
+        x2 = x.reshape(-1, x.shape[-1])
+        dtype = np.result_type(x, w_fc)
+        out = np.empty((x2.shape[0], w_proj.shape[1]), dtype=dtype)
+        if self._decode(x2.shape[0]):
+            self._mlp_decode(x2, w_fc, b_fc, w_proj, b_proj, out)
+        else:
+            h = np.empty((x2.shape[0], w_fc.shape[1]), dtype=dtype)
+            self._gemm(x2, w_fc, b_fc, h, post=_gelu_inplace)  # bias and gelu inside each c_fc block
+            self._gemm(h, w_proj, b_proj, out)
+        return out.reshape(*x.shape[:-1], w_proj.shape[1])
+
+    def _decode(self, rows: int) -> bool:
+        return self.threads > 1 and rows < self.min_rows and self._decode_pool
+
+    def _mlp_decode(self, x2, w_fc, b_fc, w_proj, b_proj, out) -> None:
+        """The MLP of a few rows in one pooled call: task j takes a block of c_fc's columns (bias and gelu
+        included) and the matching rows of c_proj, giving a partial sum; the caller adds them up."""
+        parts = _chunks(w_fc.shape[1], self.threads * TASKS_PER_THREAD)
+        partial = np.empty((len(parts), *out.shape), dtype=out.dtype)
 
         def task(i: int) -> None:
-            # The whole MLP for a tile of tokens: its [rows, 4C] intermediate stays in this core's cache.
-            r = tiles[i]
-            h = x2[r] @ w_fc
-            h += b_fc
+            c = parts[i]
+            h = x2 @ w_fc[:, c]
+            h += b_fc[c]
             _gelu_inplace(h)
-            np.matmul(h, w_proj, out=out[r])
-            out[r] += b_proj
+            np.matmul(h, w_proj[c], out=partial[i])
 
-        with self._pinned():
-            self._pool.run(task, len(tiles))
-        return out.reshape(*x.shape[:-1], w_proj.shape[1])
+        with self._one_blas_thread():
+            self._pool.run(task, len(parts))
+        np.sum(partial, axis=0, out=out)
+        out += b_proj
+
+    def self_attention(self, x, w_attn, b_attn, w_proj, b_proj, kv, offset, n_head):
+        bsz, t, c = x.shape
+        dtype = np.result_type(x, w_attn)
+        if self._decode(bsz * t):
+            return self._self_attention_decode(x, w_attn, b_attn, w_proj, b_proj, kv, offset, n_head)
+        qkv = np.empty((bsz, t, w_attn.shape[1]), dtype=dtype)
+        self._gemm(x.reshape(-1, c), w_attn, b_attn, qkv.reshape(bsz * t, -1))
+        q, k, v = self.split_heads(qkv, n_head)
+        k_cache, v_cache = self.write_kv(kv[0], kv[1], k, v, offset)
+        y = np.empty((bsz, t, c), dtype=dtype)
+        # Heads write straight into their columns of the merged [B, T, C] layout: no merge_heads copy.
+        self._attend(q, k_cache, v_cache, offset, y.reshape(bsz, t, n_head, -1).transpose(0, 2, 1, 3))
+        out = np.empty((bsz, t, w_proj.shape[1]), dtype=dtype)
+        self._gemm(y.reshape(bsz * t, c), w_proj, b_proj, out.reshape(bsz * t, -1))
+        return out, (k_cache, v_cache)
+
+    def _self_attention_decode(self, x, w_attn, b_attn, w_proj, b_proj, kv, offset, n_head):
+        """Attention of a few new positions in one pooled call: task j owns a group of heads, from their
+        q, k, v columns of c_attn through the cache to a partial sum over their rows of c_proj."""
+        bsz, t, c = x.shape
+        d = c // n_head
+        x2 = x.reshape(-1, c)
+        k_cache, v_cache = kv
+        groups = _chunks(n_head, self.threads * TASKS_PER_THREAD)
+        partial = np.empty((len(groups), bsz * t, w_proj.shape[1]), dtype=np.result_type(x, w_attn))
+        mask = _causal_mask(t, partial.dtype) if t > 1 else None
+
+        def heads(a: np.ndarray, g: int) -> np.ndarray:  # [B*T, g*D] -> [B, g, T, D]
+            return a.reshape(bsz, t, g, d).transpose(0, 2, 1, 3)
+
+        def task(i: int) -> None:
+            h = groups[i]
+            g = h.stop - h.start
+            cols = [slice(part * c + h.start * d, part * c + h.stop * d) for part in range(3)]
+            q, k, v = (x2 @ w_attn[:, cs] + b_attn[cs] for cs in cols)
+            k_cache[:, h, offset : offset + t] = heads(k, g)
+            v_cache[:, h, offset : offset + t] = heads(v, g)
+            y = np.empty((bsz, t, g * d), dtype=partial.dtype)
+            for b in range(bsz):
+                _attend_tile(heads(q, g)[b], k_cache[b, h], v_cache[b, h], offset, 0, t, mask,
+                             heads(y.reshape(bsz * t, -1), g)[b])
+            np.matmul(y.reshape(bsz * t, -1), w_proj[h.start * d : h.stop * d], out=partial[i])
+
+        with self._one_blas_thread():
+            self._pool.run(task, len(groups))
+        out = partial.sum(axis=0)
+        out += b_proj
+        return out.reshape(bsz, t, -1), (k_cache, v_cache)
+
+    def attention(self, q, k_cache, v_cache, offset):
+        out = np.empty(q.shape, dtype=q.dtype)
+        self._attend(q, k_cache, v_cache, offset, out)
+        return out
+
+    def _attend(self, q, k_cache, v_cache, offset, out) -> None:
+        """Causal attention into `out` ([B, H, T, D], any strides), by (batch, head group, query tile).
+
+        A tile of queries i0..i1 sees keys 0 .. offset + i1 - 1 only: the masked keys after that are never
+        computed, and only the tile's own diagonal block needs the mask. Serial (all heads per task) when
+        small, as in decode.
+        """
+        bsz, n_head, t, d = q.shape
+        tiles = [(i, min(i + QUERY_TILE, t)) for i in range(0, t, QUERY_TILE)]
+        tiles.reverse()  # the longest rows first: better balance at the end
+        pooled = self.threads > 1 and bsz * n_head * t * (offset + t) >= self.min_elements
+        per_tile = math.ceil(self.threads * TASKS_PER_THREAD / (len(tiles) * bsz)) if pooled else 1
+        group = math.ceil(n_head / min(per_tile, n_head))
+        heads = [(h, min(h + group, n_head)) for h in range(0, n_head, group)]
+        tasks = [(b, h, r) for r in tiles for b in range(bsz) for h in heads]
+        mask = _causal_mask(min(t, QUERY_TILE), q.dtype) if t > 1 else None
+
+        def task(i: int) -> None:
+            b, (h0, h1), (i0, i1) = tasks[i]
+            _attend_tile(q[b, h0:h1], k_cache[b, h0:h1], v_cache[b, h0:h1], offset, i0, i1, mask,
+                         out[b, h0:h1])
+
+        if not pooled:
+            with self._blas_for(bsz * t):
+                for i in range(len(tasks)):
+                    task(i)
+            return
+        with self._one_blas_thread():
+            self._pool.run(task, len(tasks))
 
     def gelu_new(self, x):
         if self.threads == 1 or x.size < self.min_elements:
@@ -383,7 +517,7 @@ class ThreadedBackend(NumpyBackend):
             return super().layernorm(x, gamma, beta, eps)
         x2 = x.reshape(-1, x.shape[-1])
         out = np.empty_like(x2)
-        tiles = self._row_tiles(rows, tile=0)
+        tiles = self._row_tiles(rows)
 
         def task(i: int) -> None:
             r = tiles[i]
@@ -404,7 +538,7 @@ class ThreadedBackend(NumpyBackend):
             return super().softmax(x)
         x2 = x.reshape(-1, x.shape[-1])
         out = np.empty_like(x2)
-        tiles = self._row_tiles(rows, tile=0)
+        tiles = self._row_tiles(rows)
 
         def task(i: int) -> None:
             r = tiles[i]
@@ -425,71 +559,25 @@ class ThreadedBackend(NumpyBackend):
         self._pool.run(lambda i: np.add(fa[chunks[i]], fb[chunks[i]], out=fo[chunks[i]]), len(chunks))
         return out
 
-    def attention(self, q, k_cache, v_cache, offset):
-        out = np.empty(q.shape, dtype=q.dtype)
-        self._attend(q, k_cache, v_cache, offset, out)
-        return out
 
-    def self_attention(self, x, w_attn, b_attn, w_proj, b_proj, kv, offset, n_head):
-        rows = math.prod(x.shape[:-1])
-        if not self._parallel_rows(rows):
-            with self._direct():
-                return super().self_attention(x, w_attn, b_attn, w_proj, b_proj, kv, offset, n_head)
-        with self._pinned():
-            q, k, v = self.split_heads(self._linear(x, w_attn, b_attn), n_head)
-            k_cache, v_cache = self.write_kv(kv[0], kv[1], k, v, offset)
-            bsz, t, c = x.shape
-            y = np.empty((bsz, t, c), dtype=q.dtype)
-            # Heads write straight into their columns of the merged [B, T, C] layout: no merge_heads copy.
-            self._attend(q, k_cache, v_cache, offset, y.reshape(bsz, t, n_head, -1).transpose(0, 2, 1, 3))
-            return self._linear(y, w_proj, b_proj), (k_cache, v_cache)
+def _attend_tile(q, k_cache, v_cache, offset: int, i0: int, i1: int, mask, out) -> None:
+    """Queries i0..i1 of q ([heads, T, D], at positions offset + i) over their keys, into out[:, i0:i1].
 
-    def _attend(self, q, k_cache, v_cache, offset, out) -> None:
-        """Causal attention into `out` ([B, H, T, D], any strides), by (batch, head group, query tile).
-
-        A tile of queries i0..i1 sees keys 0 .. offset + i1 - 1 only: the masked keys after that are never
-        computed, and only the tile's own diagonal block needs the mask.
-        """
-        bsz, n_head, t, d = q.shape
-        scale = 1.0 / math.sqrt(d)
-        tiles = [(i, min(i + QUERY_TILE, t)) for i in range(0, t, QUERY_TILE)]
-        tiles.reverse()  # the longest rows first: better balance at the end
-        per_tile = max(1, math.ceil(self.threads * TASKS_PER_THREAD / (len(tiles) * bsz)))
-        group = math.ceil(n_head / min(per_tile, n_head))
-        heads = [(h, min(h + group, n_head)) for h in range(0, n_head, group)]
-        tasks = [(b, h, r) for r in tiles for b in range(bsz) for h in heads]
-        mask = _causal_mask(min(t, QUERY_TILE), q.dtype) if t > 1 else None
-
-        def task(i: int) -> None:
-            b, (h0, h1), (i0, i1) = tasks[i]
-            s_len = offset + i1
-            qs = q[b, h0:h1, i0:i1] * scale
-            s = qs @ k_cache[b, h0:h1, :s_len].transpose(0, 2, 1)  # [heads, tq, S]
-            if mask is not None:
-                tq = i1 - i0
-                s[:, :, s_len - tq :] += mask[:tq, :tq]
-            s -= s.max(axis=-1, keepdims=True)
-            np.exp(s, out=s)
-            total = s.sum(axis=-1, keepdims=True)
-            o = out[b, h0:h1, i0:i1]
-            np.matmul(s, v_cache[b, h0:h1, :s_len], out=o)
-            o /= total  # normalise the [tq, D] output rather than the [tq, S] probabilities
-
-        if self.threads == 1 or len(tasks) == 1 or t * (offset + t) * n_head * bsz < self.min_elements:
-            with self._direct():
-                for i in range(len(tasks)):
-                    task(i)
-            return
-        with self._pinned():
-            self._pool.run(task, len(tasks))
-
-    def lm_head(self, x, wte):
-        rows = math.prod(x.shape[:-1])
-        if not self._parallel_rows(rows):
-            with self._direct():
-                return super().lm_head(x, wte)
-        with self._pinned():
-            return self._linear(x, wte.T, None)
+    Only keys 0 .. offset + i1 - 1 are read: the causally masked ones after them are never computed,
+    and `mask` (-inf above the diagonal) is added to the tile's own diagonal block only.
+    """
+    s_len = offset + i1
+    qs = q[:, i0:i1] * (1.0 / math.sqrt(q.shape[-1]))
+    s = qs @ k_cache[:, :s_len].transpose(0, 2, 1)  # [heads, tq, S]
+    if mask is not None and i1 - i0 > 1:
+        tq = i1 - i0
+        s[:, :, s_len - tq :] += mask[:tq, :tq]
+    s -= s.max(axis=-1, keepdims=True)
+    np.exp(s, out=s)
+    total = s.sum(axis=-1, keepdims=True)
+    o = out[:, i0:i1]
+    np.matmul(s, v_cache[:, :s_len], out=o)
+    o /= total  # normalise the [tq, D] output rather than the [tq, S] probabilities
 
 
 def _gelu_inplace(x: np.ndarray) -> None:
@@ -505,7 +593,10 @@ def _gelu_inplace(x: np.ndarray) -> None:
 
 
 def _chunks(size: int, n: int) -> list[slice]:
-    step = max(1, math.ceil(size / n))
+    """At most `n` consecutive non-empty slices covering range(size), 16-element aligned when large."""
+    step = max(1, math.ceil(size / max(1, n)))
+    if size >= 16 * n:
+        step = math.ceil(step / 16) * 16  # whole 64-byte lines of float32 per slice
     return [slice(i, min(i + step, size)) for i in range(0, size, step)]
 
 
