@@ -36,8 +36,7 @@ class NumpyBackend(Backend):
         return np.asarray(a, dtype=np.float32) if a.dtype.kind == "f" else np.asarray(a)
 
     def linear(self, x, w, b):
-        # A 2-D matmul is one GEMM; a 3-D one would loop over the batch.
-        y = (x.reshape(-1, x.shape[-1]) @ w).reshape(*x.shape[:-1], w.shape[-1])
+        y = _matmul_rows(x.reshape(-1, x.shape[-1]), w).reshape(*x.shape[:-1], w.shape[-1])
         if b is not None:
             y += b
         return y
@@ -108,7 +107,18 @@ class NumpyBackend(Backend):
 
     def lm_head(self, x, wte):
         # wte.T is a view: BLAS reads it transposed, no 150 MB copy.
-        return (x.reshape(-1, x.shape[-1]) @ wte.T).reshape(*x.shape[:-1], wte.shape[0])
+        return _matmul_rows(x.reshape(-1, x.shape[-1]), wte.T).reshape(*x.shape[:-1], wte.shape[0])
+
+
+def _matmul_rows(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """[N, IN] @ [IN, OUT] as one BLAS call (a 3-D matmul would loop over the batch).
+
+    A single row goes through GEMV: OpenBLAS's GEMM packs the whole weight matrix even for one row,
+    which more than doubles the memory traffic of a decode step.
+    """
+    if x.shape[0] == 1:
+        return (x[0] @ w)[None]
+    return x @ w
 
 
 @hookimpl
