@@ -37,8 +37,6 @@ TESTS = Path(__file__).resolve().parent
 THREAD_PREFIX = "inferno-cpu-threaded"
 # Every kernel through the pool, even at the conformance suite's small shapes.
 FORCED = {"min_rows": 1, "min_macs": 1, "min_elements": 1}
-# Every call takes the decode paths (one pooled call per attention block and per MLP), whatever its size.
-DECODE = {"min_rows": 10**9, "min_macs": 1, "min_elements": 1, "decode": "pool"}
 
 # Registers the backend in-process when the installed metadata has no entry point for it yet.
 REGISTER = """
@@ -62,9 +60,9 @@ def registered():
     registry._reset()
 
 
-@pytest.fixture(scope="module", params=[FORCED, DECODE], ids=["forced", "decode"])
-def forced(request):
-    with ThreadedBackend(threads=3, **request.param) as be:
+@pytest.fixture(scope="module")
+def forced():
+    with ThreadedBackend(threads=3, **FORCED) as be:
         yield be
 
 
@@ -141,11 +139,10 @@ def test_pool_has_threads_minus_one_helpers():
 # ----------------------------------------------------------------------------------------- results
 
 
-@pytest.mark.parametrize("threads, options", [(1, FORCED), (2, FORCED), (3, FORCED), (3, DECODE)],
-                         ids=["1-forced", "2-forced", "3-forced", "3-decode"])
+@pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("check", all_checks(), ids=str)
-def test_conformance_with_every_kernel_pooled(check, threads, options):
-    with ThreadedBackend(threads=threads, **options) as be:
+def test_conformance_with_every_kernel_pooled(check, threads):
+    with ThreadedBackend(threads=threads, **FORCED) as be:
         check(be)
 
 
@@ -204,8 +201,8 @@ def greedy(model: Gpt2, prompt: list[int], n: int) -> list[int]:
     return list(generate_tokens(model, prompt, n, stop_ids=()))
 
 
-@pytest.mark.parametrize("spec", [dict(threads=2), dict(threads=3, **FORCED), dict(threads=3, **DECODE),
-                                  dict(threads=1)], ids=["2", "3-forced", "3-decode", "1"])
+@pytest.mark.parametrize("spec", [dict(threads=2), dict(threads=3, **FORCED), dict(threads=1)],
+                         ids=["2", "3-forced", "1"])
 @pytest.mark.parametrize("seed, n_embd, n_head, prompt_len", [(0, 32, 2, 5), (1, 48, 3, 40), (2, 64, 4, 90)])
 def test_greedy_ids_equal_numpy(spec, seed, n_embd, n_head, prompt_len):
     config = small_config(vocab_size=97, n_positions=128, n_embd=n_embd, n_layer=2, n_head=n_head)

@@ -24,12 +24,12 @@ ENV_THREADS = "INFERNO_THREADS"
 
 # Below these sizes the pool costs more (waking threads, smaller BLAS calls) than it gains, and a kernel
 # runs directly, as in the numpy backend. Measured on 2 cores; see the module docstring.
-MIN_ROWS = 32  # matmul rows (tokens): decode (1 row) always runs directly, on BLAS's own threads
+MIN_ROWS = 192  # tokens: fewer (decode, short prompts) run directly, with BLAS's own threads
 MIN_MACS = 1 << 24  # matmul multiply-adds (~0.3 ms on one core)
 MIN_ELEMENTS = 1 << 18  # elementwise kernels, attention scores
 ROW_TILE = 256  # matmul rows per task at most; below ~128 rows single-threaded BLAS loses efficiency
 MIN_COLS = 64  # matmul weight columns per task at least
-TASKS_PER_THREAD = 3  # more tasks than threads, so that one descheduled thread does not hold up the rest
+TASKS_PER_THREAD = 2  # more tasks than threads, so that one descheduled thread does not hold up the rest
 QUERY_TILE = 64  # attention: queries per task; the causal mask wastes only QUERY_TILE²/2 scores per tile
 
 
@@ -268,16 +268,10 @@ class ThreadedBackend(NumpyBackend):
         min_rows: int = MIN_ROWS,
         min_macs: int = MIN_MACS,
         min_elements: int = MIN_ELEMENTS,
-        decode: str = "blas",
     ) -> None:
         """`threads`: worker count (see `resolve_threads`). Below `min_rows` rows (tokens) or `min_macs`
         multiply-adds a matmul runs directly, below `min_elements` elements an elementwise kernel or the
-        attention scores do; 1, 1, 1 force the pool everywhere (for tests). `decode`: how calls of fewer
-        than `min_rows` rows run: "blas" directly, BLAS threaded as in the numpy backend (the faster here),
-        or "pool": one pooled call per attention block (by heads) and per MLP (c_fc column blocks with
-        the matching c_proj rows, summed), the LM head by vocabulary blocks."""
-        if decode not in ("blas", "pool"):
-            raise ValueError(f"cpu-threaded: decode must be 'blas' or 'pool', got {decode!r}")
+        attention scores do; 1, 1, 1 force the pool everywhere (for tests)."""
         super().__init__(dtype)
         from threadpoolctl import ThreadpoolController
 
@@ -288,7 +282,6 @@ class ThreadedBackend(NumpyBackend):
         self._blas = ThreadpoolController().select(user_api="blas")
         blas_threads = max((lib.num_threads or 1 for lib in self._blas.lib_controllers), default=1)
         self._direct_limit = self.threads if self.threads < blas_threads else None
-        self._decode_pool = decode == "pool"
         self._pool = WorkerPool(self.threads)
         # Runs close() when the backend is garbage collected or at interpreter exit, whichever is first.
         self._finalizer = weakref.finalize(self, self._pool.close)
@@ -346,7 +339,7 @@ class ThreadedBackend(NumpyBackend):
         as in the numpy backend.
         """
         rows, n_out = out.shape
-        if not self._pooled_gemm(rows, x2.shape[1], n_out) and not self._decode(rows):
+        if not self._pooled_gemm(rows, x2.shape[1], n_out):
             with self._blas_for(rows):
                 np.matmul(x2, w, out=out)
             if b is not None:
@@ -389,40 +382,14 @@ class ThreadedBackend(NumpyBackend):
         x2 = x.reshape(-1, x.shape[-1])
         dtype = np.result_type(x, w_fc)
         out = np.empty((x2.shape[0], w_proj.shape[1]), dtype=dtype)
-        if self._decode(x2.shape[0]):
-            self._mlp_decode(x2, w_fc, b_fc, w_proj, b_proj, out)
-        else:
-            h = np.empty((x2.shape[0], w_fc.shape[1]), dtype=dtype)
-            self._gemm(x2, w_fc, b_fc, h, post=_gelu_inplace)  # bias and gelu inside each c_fc block
-            self._gemm(h, w_proj, b_proj, out)
+        h = np.empty((x2.shape[0], w_fc.shape[1]), dtype=dtype)
+        self._gemm(x2, w_fc, b_fc, h, post=_gelu_inplace)  # bias and gelu inside each c_fc block
+        self._gemm(h, w_proj, b_proj, out)
         return out.reshape(*x.shape[:-1], w_proj.shape[1])
-
-    def _decode(self, rows: int) -> bool:
-        return self.threads > 1 and rows < self.min_rows and self._decode_pool
-
-    def _mlp_decode(self, x2, w_fc, b_fc, w_proj, b_proj, out) -> None:
-        """The MLP of a few rows in one pooled call: task j takes a block of c_fc's columns (bias and gelu
-        included) and the matching rows of c_proj, giving a partial sum; the caller adds them up."""
-        parts = _chunks(w_fc.shape[1], self.threads * TASKS_PER_THREAD)
-        partial = np.empty((len(parts), *out.shape), dtype=out.dtype)
-
-        def task(i: int) -> None:
-            c = parts[i]
-            h = x2 @ w_fc[:, c]
-            h += b_fc[c]
-            _gelu_inplace(h)
-            np.matmul(h, w_proj[c], out=partial[i])
-
-        with self._one_blas_thread():
-            self._pool.run(task, len(parts))
-        np.sum(partial, axis=0, out=out)
-        out += b_proj
 
     def self_attention(self, x, w_attn, b_attn, w_proj, b_proj, kv, offset, n_head):
         bsz, t, c = x.shape
         dtype = np.result_type(x, w_attn)
-        if self._decode(bsz * t):
-            return self._self_attention_decode(x, w_attn, b_attn, w_proj, b_proj, kv, offset, n_head)
         qkv = np.empty((bsz, t, w_attn.shape[1]), dtype=dtype)
         self._gemm(x.reshape(-1, c), w_attn, b_attn, qkv.reshape(bsz * t, -1))
         q, k, v = self.split_heads(qkv, n_head)
@@ -433,39 +400,6 @@ class ThreadedBackend(NumpyBackend):
         out = np.empty((bsz, t, w_proj.shape[1]), dtype=dtype)
         self._gemm(y.reshape(bsz * t, c), w_proj, b_proj, out.reshape(bsz * t, -1))
         return out, (k_cache, v_cache)
-
-    def _self_attention_decode(self, x, w_attn, b_attn, w_proj, b_proj, kv, offset, n_head):
-        """Attention of a few new positions in one pooled call: task j owns a group of heads, from their
-        q, k, v columns of c_attn through the cache to a partial sum over their rows of c_proj."""
-        bsz, t, c = x.shape
-        d = c // n_head
-        x2 = x.reshape(-1, c)
-        k_cache, v_cache = kv
-        groups = _chunks(n_head, self.threads * TASKS_PER_THREAD)
-        partial = np.empty((len(groups), bsz * t, w_proj.shape[1]), dtype=np.result_type(x, w_attn))
-        mask = _causal_mask(t, partial.dtype) if t > 1 else None
-
-        def heads(a: np.ndarray, g: int) -> np.ndarray:  # [B*T, g*D] -> [B, g, T, D]
-            return a.reshape(bsz, t, g, d).transpose(0, 2, 1, 3)
-
-        def task(i: int) -> None:
-            h = groups[i]
-            g = h.stop - h.start
-            cols = [slice(part * c + h.start * d, part * c + h.stop * d) for part in range(3)]
-            q, k, v = (x2 @ w_attn[:, cs] + b_attn[cs] for cs in cols)
-            k_cache[:, h, offset : offset + t] = heads(k, g)
-            v_cache[:, h, offset : offset + t] = heads(v, g)
-            y = np.empty((bsz, t, g * d), dtype=partial.dtype)
-            for b in range(bsz):
-                _attend_tile(heads(q, g)[b], k_cache[b, h], v_cache[b, h], offset, 0, t, mask,
-                             heads(y.reshape(bsz * t, -1), g)[b])
-            np.matmul(y.reshape(bsz * t, -1), w_proj[h.start * d : h.stop * d], out=partial[i])
-
-        with self._one_blas_thread():
-            self._pool.run(task, len(groups))
-        out = partial.sum(axis=0)
-        out += b_proj
-        return out.reshape(bsz, t, -1), (k_cache, v_cache)
 
     def attention(self, q, k_cache, v_cache, offset):
         out = np.empty(q.shape, dtype=q.dtype)
@@ -482,7 +416,8 @@ class ThreadedBackend(NumpyBackend):
         bsz, n_head, t, d = q.shape
         tiles = [(i, min(i + QUERY_TILE, t)) for i in range(0, t, QUERY_TILE)]
         tiles.reverse()  # the longest rows first: better balance at the end
-        pooled = self.threads > 1 and bsz * n_head * t * (offset + t) >= self.min_elements
+        pooled = (self.threads > 1 and bsz * t >= self.min_rows
+                  and bsz * n_head * t * (offset + t) >= self.min_elements)
         per_tile = math.ceil(self.threads * TASKS_PER_THREAD / (len(tiles) * bsz)) if pooled else 1
         group = math.ceil(n_head / min(per_tile, n_head))
         heads = [(h, min(h + group, n_head)) for h in range(0, n_head, group)]
