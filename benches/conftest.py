@@ -1,0 +1,48 @@
+"""Shared fixtures of the pytest-benchmark suite (``python -m pytest benches --benchmark-only``).
+
+* Backend benchmarks are parametrized over every registered backend whose status is "ok"
+  (`inferno.backends.registry.list_backends`); select some with ``-k``, e.g. ``-k "numpy or threaded"``.
+* The random weights of the GPT-2 124M shape are built once per session (~1 s) and shared by every
+  backend's model.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from inferno.backends import registry
+from inferno.bench import GPT2_124M, random_weights
+
+
+def _register_threaded() -> None:
+    """cpu-threaded through its entry point, or registered here while the installed metadata lacks one."""
+    from inferno.backends.threaded import ThreadedBackend
+
+    reg = registry._get()
+    if ThreadedBackend.name not in reg.entries:
+        reg._add(ThreadedBackend, registry.BUILT_IN, registry._inferno_version(), "inferno.backends.threaded")
+
+
+_register_threaded()
+BACKENDS = [info.name for info in registry.list_backends() if info.ok]
+
+
+@pytest.fixture(scope="session", params=BACKENDS)
+def backend(request):
+    be = registry.get_backend(request.param)
+    yield be
+    be.close()
+
+
+@pytest.fixture(scope="session")
+def gpt2_weights() -> dict[str, np.ndarray]:
+    return random_weights(GPT2_124M)
+
+
+@pytest.fixture(scope="session")
+def gpt2_model(backend, gpt2_weights):
+    """The 124M-shape model on `backend` (built once per backend)."""
+    from inferno.model import Gpt2
+
+    return Gpt2.from_weights(GPT2_124M, gpt2_weights, backend)
