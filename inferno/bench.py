@@ -138,6 +138,8 @@ class BenchRequest:
     warmup: int = 1
     seed: int = 0
     model_dir: str | None = None
+    #: Idle seconds before each timed run: BLAS/OpenMP threads of the previous backend spin for ~0.1 s.
+    pause: float = 0.2
 
 
 class _Progress:
@@ -184,9 +186,25 @@ def _load_weights(model_dir: str | None, seed: int, progress: _Progress) -> tupl
 def run_bench(request: BenchRequest, progress: _Progress | None = None) -> dict[str, Any]:
     """Measure every backend of `request`; returns the report (what ``--json`` prints)."""
     from inferno.backends.registry import get_backend
-    from inferno.model import Gpt2
 
     progress = progress or _Progress(sys.stderr, quiet=True)
+    backends: dict[str, Any] = {}
+    try:
+        for spec in request.specs:
+            try:
+                backends[spec] = get_backend(spec)
+            except (ValueError, RuntimeError) as exc:  # the registry's errors name the backend and option
+                raise BenchError(" ".join(str(exc).split())) from None
+        return _run(request, backends, progress)
+    finally:
+        for backend in backends.values():
+            backend.close()
+        progress.done()
+
+
+def _run(request: BenchRequest, backends: dict[str, Any], progress: _Progress) -> dict[str, Any]:
+    from inferno.model import Gpt2
+
     config, weights, source = _load_weights(request.model_dir, request.seed, progress)
     total = request.prompt_tokens + request.new_tokens
     if total > config.n_positions:
@@ -197,34 +215,29 @@ def run_bench(request: BenchRequest, progress: _Progress | None = None) -> dict[
 
     results = [BackendResult(spec) for spec in request.specs]
     models: dict[str, Any] = {}
-    try:
+    for r in results:
+        progress(f"loading {r.spec}")
+        try:
+            models[r.spec] = Gpt2.from_weights(config, weights, backends[r.spec])
+            for _ in range(request.warmup):
+                time_generation(models[r.spec], warm_ids, 2)
+        except Exception as exc:  # noqa: BLE001 - one broken backend must not sink the others
+            r.error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+    for rep in range(request.repeat):
         for r in results:
-            progress(f"loading {r.spec}")
+            if r.error is not None:
+                continue
+            progress(f"round {rep + 1}/{request.repeat}: {r.spec} (prompt {request.prompt_tokens}, "
+                     f"{request.new_tokens} new tokens)")
+            time.sleep(request.pause)
             try:
-                backend = get_backend(r.spec)
-                models[r.spec] = Gpt2.from_weights(config, weights, backend)
-                for _ in range(request.warmup):
-                    time_generation(models[r.spec], warm_ids, 2)
-            except Exception as exc:  # noqa: BLE001 - one broken backend must not sink the others
+                prefill, decode = time_generation(models[r.spec], ids, request.new_tokens)
+            except Exception as exc:  # noqa: BLE001
                 r.error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
-        for rep in range(request.repeat):
-            for r in results:
-                if r.error is not None:
-                    continue
-                progress(f"round {rep + 1}/{request.repeat}: {r.spec} (prompt {request.prompt_tokens}, "
-                         f"{request.new_tokens} new tokens)")
-                try:
-                    prefill, decode = time_generation(models[r.spec], ids, request.new_tokens)
-                except Exception as exc:  # noqa: BLE001
-                    r.error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
-                    continue
-                r.prefill_s.append(prefill)
-                if decode is not None:
-                    r.decode_s.append(decode)
-    finally:
-        for model in models.values():
-            model.backend.close()
-        progress.done()
+                continue
+            r.prefill_s.append(prefill)
+            if decode is not None:
+                r.decode_s.append(decode)
     return _report(request, config, source, results)
 
 
@@ -348,6 +361,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--repeat", type=_positive, default=3, help="timed runs per backend (default 3)")
     p.add_argument("--warmup", type=_non_negative, default=1, help="short untimed runs first (default 1)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random prompt and weights")
+    p.add_argument("--pause", type=float, default=0.2, metavar="SECONDS",
+                   help="idle time before each timed run (default 0.2): BLAS and OpenMP worker threads "
+                   "spin for ~0.1 s after a call and would slow down the next backend")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     return p
@@ -392,10 +408,15 @@ def _choose_backends(text: str | None) -> tuple[list[str], list[str]]:
 def run_bench_cli(argv: Sequence[str]) -> int:
     """Entry point of ``inferno bench`` (`argv`: the arguments after ``bench``). Returns the exit code."""
     try:
-        args = _parser().parse_args(list(argv))
+        try:
+            args = _parser().parse_args(list(argv))
+        except SystemExit as exc:  # --help
+            return int(exc.code or 0)
         specs, notes = _choose_backends(args.backends)
+        if not 0 <= args.pause <= 60:
+            raise BenchError(f"argument --pause: expected seconds in [0, 60], got {args.pause}")
         request = BenchRequest(specs, args.prompt_tokens, args.new_tokens, args.repeat, args.warmup,
-                               args.seed, args.model_dir)
+                               args.seed, args.model_dir, args.pause)
         report = run_bench(request, _Progress(sys.stderr, quiet=args.quiet))
     except BenchError as exc:
         print(f"inferno bench: error: {exc}", file=sys.stderr)
