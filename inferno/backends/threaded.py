@@ -1,6 +1,71 @@
-"""The ``cpu-threaded`` backend: the NumPy kernels spread over every usable core.
+"""The ``cpu-threaded`` backend: GPT-2 on every usable core, with NumPy.
 
-DESIGN TBD (filled in after measurement).
+    inferno --backend cpu-threaded "The quick brown fox"
+    inferno --backend cpu-threaded:threads=4 "..."           # or INFERNO_THREADS=4
+
+**What it does.** A prompt of at least `MIN_ROWS` (192) tokens runs on a persistent pool of ``threads``
+workers (the calling thread is one of them), with BLAS single-threaded inside it:
+
+* every large matmul (c_attn, c_proj, c_fc, the MLP's c_proj, an all-positions LM head) in 2-D blocks:
+  row tiles of up to `ROW_TILE` tokens times blocks of weight columns, about `TASKS_PER_THREAD` blocks
+  per thread, claimed dynamically (a thread the OS deschedules holds up one block, not half the op).
+  The bias, and gelu for c_fc, are applied to each block while it is in cache;
+* causal attention by (head group, query tile): a tile of 64 queries reads only the keys up to its last
+  query, so the masked half of the T×T scores is never computed, and only the tile's own diagonal block
+  is masked; the softmax's division is applied to the [64, D] output, not the [64, T] probabilities;
+  heads write straight into their columns of the merged [B, T, C] layout (no merge_heads copy);
+* layernorm, softmax, gelu over row chunks when they are large (numpy runs them on one core).
+
+Decode (one token) and short prompts run *directly*: the numpy reference's own calls (GEMV for one
+row), with OpenBLAS's threads.
+
+**Measurements that chose this** (2 vCPUs, AMD EPYC Zen 4 under Firecracker, OpenBLAS 0.3.31 SkylakeX
+kernel; medians of interleaved repeats on a machine shared with other test runs, so ±5-10 %):
+
+* *Threads, not processes.* NumPy releases the GIL in BLAS and ufuncs: the pool reaches a parallelism
+  (task time / wall time) of 1.97 on the prefill matmuls and 1.93-1.98 on attention at 512-1000 tokens,
+  so there is no GIL time left for processes to win back. Dispatch costs the same (a helper thread
+  wakes in ~20 µs, a pipe round trip to a process is ~21 µs), but processes need every activation and
+  the KV cache in shared memory and segments to clean up: tanh of 1M floats split in two took 240 µs
+  on threads, 391 µs on processes with the data already in shared memory (367 µs on one core).
+* *Decode stays on OpenBLAS's threads.* Pooled decode measured 29.2 ms/token (one pooled call per
+  attention block by head groups and per MLP as c_fc column blocks with their c_proj rows, summed) and
+  29.6 ms/token (each GEMV by column blocks), against 19.5 ms/token for OpenBLAS's own GEMV threads:
+  a GEMV is 0.2-0.3 ms, and each pooled call pays wake-ups and GIL hand-offs of ~50-100 µs.
+* *Short prompts stay direct.* Prefill through the pool against numpy: 64 tokens 0.82-0.92x, 128
+  tokens 0.90-0.92x, 256 tokens 1.05-1.21x, 512 1.37x, 1000 1.5-1.8x; hence `MIN_ROWS` = 192. Row tiles
+  below ~128 rows cost single-threaded BLAS efficiency (64-row tiles: 25-30 % slower than 512).
+* *No pre-split weights.* Blocks are views of the weights as loaded (`prepare_weight` is the default):
+  strided column blocks ran as fast as contiguous copies (GEMV of c_attn in 4 blocks: 0.155 ms as views,
+  0.48 ms as copies; 512-row GEMMs in 2-4 column blocks within 3 % of one call), and copies would
+  double the weights' memory. Nothing is copied or re-split per call.
+* *BLAS pinned to one thread around pooled work* (threadpoolctl), and during every other matmul of a
+  long prompt too: OpenBLAS's own workers spin for ~0.1 s after a call and then compete with the pool
+  for the same cores (12 MLP layers at 64 tokens: 58 ms alone, 97-101 ms right after numpy's
+  multi-threaded GEMMs, 63 ms after a 0.1 s pause; without pinning at all, 2.8 s). The limit is
+  restored after each call, so other NumPy code in the process keeps its BLAS threads; benchmarks
+  that alternate backends in one process pause between them for the same reason.
+
+**Worker count.** ``threads`` option, else ``$INFERNO_THREADS``, else the usable cores: the CPU
+affinity (`os.sched_getaffinity`) capped by the cgroup CPU quota (v2 ``cpu.max`` of this process's
+cgroup and its parents, or v1 ``cpu.cfs_quota_us``). ``threads=1`` runs everything on the calling
+thread with one BLAS thread (the tiled attention still skips masked blocks).
+
+**Lifecycle.** Helpers are daemon threads (a forgotten backend never keeps the interpreter alive);
+`close()` (also a context manager, and a `weakref.finalize` run when the backend is garbage collected
+or at interpreter exit) stops and joins them. An exception in any task is re-raised in the caller and
+the pool stays usable; after Ctrl-C in the caller the helpers drop the rest of that call. A helper
+that dies (only a bug or an injected exception can end one) turns the next pooled call into a
+`WorkerError` naming it, never a hang: the caller polls the helpers' liveness while it waits. A
+forked child starts its own helpers on first use.
+
+**On 8-16 cores** (plan; measured here on 1-2): the pool grows to the usable cores and the blocking
+adapts: matmuls split by weight columns first and by rows once columns run out (at least `MIN_COLS`
+columns and `MIN_TILE_ROWS` rows per block), attention into more head groups per query tile, so every
+op keeps ~2 tasks per thread of at least ~0.5 ms. To re-measure there: ``python benches/compare.py
+--scaling`` (1, 2, 4, 8, 16 threads), the `MIN_ROWS` crossover (``cpu-threaded:min_rows=N``) and
+pooled decode, which the extra memory bandwidth of many cores may favour. Beyond one NUMA node the
+weights live where they were loaded; interleaving them is future work.
 """
 
 from __future__ import annotations
@@ -26,9 +91,10 @@ ENV_THREADS = "INFERNO_THREADS"
 # runs directly, as in the numpy backend. Measured on 2 cores; see the module docstring.
 MIN_ROWS = 192  # tokens: fewer (decode, short prompts) run directly, with BLAS's own threads
 MIN_MACS = 1 << 24  # matmul multiply-adds (~0.3 ms on one core)
-MIN_ELEMENTS = 1 << 18  # elementwise kernels, attention scores
+MIN_ELEMENTS = 1 << 19  # elementwise kernels, attention scores (layernorm pays from ~700 tokens)
 ROW_TILE = 512  # matmul rows per task at most (single-threaded BLAS loses ~4% at 256 rows, ~25% at 64)
 MIN_COLS = 64  # matmul weight columns per task at least
+MIN_TILE_ROWS = 64  # and rows
 TASKS_PER_THREAD = 2  # more tasks than threads, so that one descheduled thread does not hold up the rest
 QUERY_TILE = 64  # attention: queries per task; the causal mask wastes only QUERY_TILE²/2 scores per tile
 
@@ -350,9 +416,13 @@ class ThreadedBackend(NumpyBackend):
             if post is not None:
                 post(out)
             return
-        row_parts = _chunks(rows, math.ceil(rows / ROW_TILE))
-        n_cols = math.ceil(self.threads * TASKS_PER_THREAD / len(row_parts))
-        col_parts = _chunks(n_out, max(1, min(n_cols, n_out // MIN_COLS)))
+        # About TASKS_PER_THREAD blocks per thread: whole rows (up to ROW_TILE) split by columns first;
+        # rows are split further (down to MIN_TILE_ROWS) only when the columns run out (many cores).
+        tasks = self.threads * TASKS_PER_THREAD
+        max_cols = max(1, n_out // MIN_COLS)
+        n_rows = max(math.ceil(rows / ROW_TILE), math.ceil(tasks / max_cols))
+        row_parts = _chunks(rows, max(1, min(n_rows, rows // MIN_TILE_ROWS)))
+        col_parts = _chunks(n_out, min(max_cols, math.ceil(tasks / len(row_parts))))
         blocks = [(r, c) for r in row_parts for c in col_parts]
 
         def task(i: int) -> None:
