@@ -42,7 +42,8 @@ kernel; medians of interleaved repeats on a machine shared with other test runs,
 * *BLAS pinned to one thread around pooled work* (threadpoolctl), and during every other matmul of a
   long prompt too: OpenBLAS's own workers spin for ~0.1 s after a call and then compete with the pool
   for the same cores (12 MLP layers at 64 tokens: 58 ms alone, 97-101 ms right after numpy's
-  multi-threaded GEMMs, 63 ms after a 0.1 s pause; without pinning at all, 2.8 s). The limit is
+  multi-threaded GEMMs, 63 ms after a 0.1 s pause; a 512-token prefill with BLAS's threads left on
+  inside the pool: 879 ms instead of 688). The limit is
   restored after each call, so other NumPy code in the process keeps its BLAS threads; benchmarks
   that alternate backends in one process pause between them for the same reason.
 
