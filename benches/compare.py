@@ -83,7 +83,8 @@ def hf_impl(weights, threads: int) -> Impl:
             out.logits.numpy()
         return (time.perf_counter() - start) / steps
 
-    label = f"transformers (torch {torch.__version__}, {torch.get_num_threads()} threads)"
+    label = (f"transformers (torch {torch.__version__}, {torch.get_num_threads()} threads, "
+             f"{model.config._attn_implementation} attention)")
     return Impl(label, prefill, decode)
 
 

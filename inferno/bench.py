@@ -276,6 +276,7 @@ def _report(request: BenchRequest, config: Gpt2Config, source: str, results: lis
         "prompt_tokens": n_prompt,
         "new_tokens": n_new,
         "repeat": request.repeat,
+        "pause_seconds": request.pause,
         "statistic": "median",
         "machine": {"usable_cores": usable_cores(), "cpu_count": os.cpu_count(),
                     "platform": platform.platform(), "python": platform.python_version(),

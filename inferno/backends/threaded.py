@@ -58,7 +58,8 @@ or at interpreter exit) stops and joins them. An exception in any task is re-rai
 the pool stays usable; after Ctrl-C in the caller the helpers drop the rest of that call. A helper
 that dies (only a bug or an injected exception can end one) turns the next pooled call into a
 `WorkerError` naming it, never a hang: the caller polls the helpers' liveness while it waits. A
-forked child starts its own helpers on first use.
+forked child starts its own helpers on first use. Use a backend from one thread at a time: BLAS's thread
+limit is process-wide, and overlapping calls from several threads could restore it out of order.
 
 **On 8-16 cores** (plan; measured here on 1-2): the pool grows to the usable cores and the blocking
 adapts: matmuls split by weight columns first and by rows once columns run out (at least `MIN_COLS`
