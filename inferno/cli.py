@@ -61,17 +61,18 @@ def _generate_parser() -> argparse.ArgumentParser:
         "them. To use a subcommand's name as the prompt, put it after '--': inferno -- backends",
     )
     p.add_argument("prompt", nargs="?", default="", help="prompt text (empty: unconditional generation)")
-    p.add_argument("--model-dir", help="folder with config.json, model.safetensors, tokenizer.json "
-                   "(default: ./gpt2, then the Hugging Face cache, then a download)")
-    p.add_argument("--backend", help="compute backend, optionally with options: NAME[:key=value,...] "
-                   "(default: $INFERNO_BACKEND or numpy; see 'inferno backends')")
-    p.add_argument("--threads", type=_positive, help="worker threads, for backends that take them "
-                   "(cpu-threaded; default: the usable cores)")
-    p.add_argument("--max-new-tokens", type=_non_negative, default=50, help="tokens to generate (default 50)")
-    p.add_argument("--temperature", type=_temperature, help="0 = greedy (default); higher = more random")
-    p.add_argument("--top-k", type=_non_negative, help="sample from the k most likely tokens (0 = off)")
-    p.add_argument("--top-p", type=_top_p, help="nucleus sampling mass in (0, 1] (1 = off)")
-    p.add_argument("--seed", type=_any_int, help="random seed: the same seed gives the same text")
+    arg = p.add_argument
+    arg("--model-dir", metavar="DIR", help="folder with config.json, model.safetensors, tokenizer.json "
+        "(default: ./gpt2, then the Hugging Face cache, then a download)")
+    arg("--backend", metavar="NAME", help="compute backend, optionally with options: NAME[:key=value,...] "
+        "(default: $INFERNO_BACKEND or numpy; see 'inferno backends')")
+    arg("--threads", metavar="N", type=_positive,
+        help="worker threads, for backends that take them (cpu-threaded, torch; default: usable cores)")
+    arg("--max-new-tokens", metavar="N", type=_non_negative, default=50, help="tokens to generate (50)")
+    arg("--temperature", metavar="T", type=_temperature, help="0 = greedy (default); higher = more random")
+    arg("--top-k", metavar="K", type=_non_negative, help="sample from the k most likely tokens (0 = off)")
+    arg("--top-p", metavar="P", type=_top_p, help="nucleus sampling mass in (0, 1] (1 = off)")
+    arg("--seed", metavar="S", type=_any_int, help="random seed: the same seed gives the same text")
     p.add_argument("--preset", choices=["greedy", "sample"],
                    help="sample = temperature 0.8 + top-k 40; explicit flags override it")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past <|endoftext|>")
