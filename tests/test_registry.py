@@ -51,8 +51,8 @@ def no_env(monkeypatch):
 
 def test_builtins_are_listed_first_and_ok():
     infos = list_backends()
-    assert [i.name for i in infos[:2]] == ["numpy", "array-api"]
-    for info in infos[:2]:
+    assert [i.name for i in infos[:3]] == ["numpy", "array-api", "cpu-threaded"]
+    for info in infos[:3]:
         assert (info.origin, info.version, info.status) == ("built-in", inferno.__version__, "ok")
         assert info.ok and info.description
 
@@ -61,7 +61,7 @@ def test_builtins_without_package_metadata(monkeypatch):
     # Running from a source tree: no entry points at all, the built-ins are still there.
     monkeypatch.setattr(registry, "_entry_points", lambda: [])
     assert [(i.name, i.origin, i.status) for i in list_backends()] == [
-        ("numpy", "built-in", "ok"), ("array-api", "built-in", "ok")]
+        ("numpy", "built-in", "ok"), ("array-api", "built-in", "ok"), ("cpu-threaded", "built-in", "ok")]
     assert isinstance(get_backend("array-api"), ArrayApiBackend)
 
 

@@ -2,7 +2,7 @@
 
 Backends are plugins. A distribution names a module in the ``inferno.backends`` entry-point group; that
 module implements the `register_backends` hook (see `inferno.backends.hookspecs`). The built-in
-``numpy`` and ``array-api`` backends register through the very same entry points (with a fallback that
+``numpy``, ``array-api`` and ``cpu-threaded`` backends register through the very same entry points (with a fallback that
 imports them directly when the package runs from a source tree without its metadata).
 
     >>> from inferno.backends.registry import get_backend, list_backends
@@ -70,7 +70,11 @@ DEFAULT_BACKEND = "numpy"
 BUILT_IN = "built-in"
 
 # Registered in this order, before any third-party plugin, so that no plugin can take their names.
-_BUILTINS = {"numpy": "inferno.backends.numpy_backend", "array-api": "inferno.backends.array_api"}
+_BUILTINS = {
+    "numpy": "inferno.backends.numpy_backend",
+    "array-api": "inferno.backends.array_api",
+    "cpu-threaded": "inferno.backends.threaded",
+}
 _BUILTIN_MODULES = tuple(_BUILTINS.values())
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
 
