@@ -2,8 +2,8 @@
 
 Backends are plugins. A distribution names a module in the ``inferno.backends`` entry-point group; that
 module implements the `register_backends` hook (see `inferno.backends.hookspecs`). The built-in
-``numpy``, ``array-api`` and ``cpu-threaded`` backends register through the very same entry points (with a fallback that
-imports them directly when the package runs from a source tree without its metadata).
+``numpy``, ``array-api`` and ``cpu-threaded`` backends register through the very same entry points (with
+a fallback that imports them directly when the package runs from a source tree without its metadata).
 
     >>> from inferno.backends.registry import get_backend, list_backends
     >>> [(info.name, info.origin, info.status) for info in list_backends()][:2]
