@@ -325,8 +325,8 @@ def _helper_loop(q: queue.SimpleQueue) -> None:
 
 class ThreadedBackend(NumpyBackend):
     name = "cpu-threaded"
-    description = ("NumPy on all cores: a persistent thread pool, fused MLP tiles, causal tiled attention "
-                   "(option threads=N, default $INFERNO_THREADS or the usable cores).")
+    description = ("NumPy on all cores: blocked matmuls and causal tiled attention on a thread pool for "
+                   "long prompts (threads=N; default $INFERNO_THREADS or the usable cores).")
 
     def __init__(
         self,
