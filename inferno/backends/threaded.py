@@ -489,26 +489,27 @@ class ThreadedBackend(NumpyBackend):
         small, as in decode.
         """
         bsz, n_head, t, d = q.shape
+        mask = _causal_mask(min(t, QUERY_TILE), q.dtype) if t > 1 else None
         tiles = [(i, min(i + QUERY_TILE, t)) for i in range(0, t, QUERY_TILE)]
-        tiles.reverse()  # the longest rows first: better balance at the end
         pooled = (self.threads > 1 and bsz * t >= self.min_rows
                   and bsz * n_head * t * (offset + t) >= self.min_elements)
-        per_tile = math.ceil(self.threads * TASKS_PER_THREAD / (len(tiles) * bsz)) if pooled else 1
+        if not pooled:  # decode and short prompts: every head at once, tile by tile
+            with self._blas_for(bsz * t):
+                for b in range(bsz):
+                    for i0, i1 in tiles:
+                        _attend_tile(q[b], k_cache[b], v_cache[b], offset, i0, i1, mask, out[b])
+            return
+        tiles.reverse()  # the longest rows first: better balance at the end
+        per_tile = math.ceil(self.threads * TASKS_PER_THREAD / (len(tiles) * bsz))
         group = math.ceil(n_head / min(per_tile, n_head))
         heads = [(h, min(h + group, n_head)) for h in range(0, n_head, group)]
         tasks = [(b, h, r) for r in tiles for b in range(bsz) for h in heads]
-        mask = _causal_mask(min(t, QUERY_TILE), q.dtype) if t > 1 else None
 
         def task(i: int) -> None:
             b, (h0, h1), (i0, i1) = tasks[i]
             _attend_tile(q[b, h0:h1], k_cache[b, h0:h1], v_cache[b, h0:h1], offset, i0, i1, mask,
                          out[b, h0:h1])
 
-        if not pooled:
-            with self._blas_for(bsz * t):
-                for i in range(len(tasks)):
-                    task(i)
-            return
         with self._one_blas_thread():
             self._pool.run(task, len(tasks))
 
@@ -522,12 +523,11 @@ class ThreadedBackend(NumpyBackend):
         return out
 
     def layernorm(self, x, gamma, beta, eps):
-        rows = math.prod(x.shape[:-1])
         if self.threads == 1 or x.size < self.min_elements:
             return super().layernorm(x, gamma, beta, eps)
         x2 = x.reshape(-1, x.shape[-1])
         out = np.empty_like(x2)
-        tiles = self._row_tiles(rows)
+        tiles = self._row_tiles(x2.shape[0])
 
         def task(i: int) -> None:
             r = tiles[i]
@@ -543,12 +543,11 @@ class ThreadedBackend(NumpyBackend):
         return out.reshape(x.shape)
 
     def softmax(self, x):
-        rows = math.prod(x.shape[:-1])
-        if self.threads == 1 or x.size < self.min_elements or rows < 2:
-            return super().softmax(x)
+        if self.threads == 1 or x.size < self.min_elements or x.size == x.shape[-1]:
+            return super().softmax(x)  # small, or a single row
         x2 = x.reshape(-1, x.shape[-1])
         out = np.empty_like(x2)
-        tiles = self._row_tiles(rows)
+        tiles = self._row_tiles(x2.shape[0])
 
         def task(i: int) -> None:
             r = tiles[i]
@@ -577,7 +576,7 @@ def _attend_tile(q, k_cache, v_cache, offset: int, i0: int, i1: int, mask, out) 
     and `mask` (-inf above the diagonal) is added to the tile's own diagonal block only.
     """
     s_len = offset + i1
-    qs = q[:, i0:i1] * (1.0 / math.sqrt(q.shape[-1]))
+    qs = q[:, i0:i1] * (1.0 / math.sqrt(q.shape[-1]))  # scale the [tq, D] queries, not the [tq, S] scores
     s = qs @ k_cache[:, :s_len].transpose(0, 2, 1)  # [heads, tq, S]
     if mask is not None and i1 - i0 > 1:
         tq = i1 - i0
