@@ -14,17 +14,6 @@ import pytest
 from inferno.backends import registry
 from inferno.bench import GPT2_124M, random_weights
 
-
-def _register_threaded() -> None:
-    """cpu-threaded through its entry point, or registered here while the installed metadata lacks one."""
-    from inferno.backends.threaded import ThreadedBackend
-
-    reg = registry._get()
-    if ThreadedBackend.name not in reg.entries:
-        reg._add(ThreadedBackend, registry.BUILT_IN, registry._inferno_version(), "inferno.backends.threaded")
-
-
-_register_threaded()
 BACKENDS = [info.name for info in registry.list_backends() if info.ok]
 
 

@@ -38,26 +38,8 @@ THREAD_PREFIX = "inferno-cpu-threaded"
 # Every kernel through the pool, even at the conformance suite's small shapes.
 FORCED = {"min_rows": 1, "min_macs": 1, "min_elements": 1}
 
-# Registers the backend in-process when the installed metadata has no entry point for it yet.
-REGISTER = """
-from inferno.backends import registry as _r
-from inferno.backends.threaded import ThreadedBackend as _T
-_reg = _r._get()
-if "cpu-threaded" not in _reg.entries:
-    _reg._add(_T, _r.BUILT_IN, _r._inferno_version(), "inferno.backends.threaded")
-"""
-
-
 def helper_threads() -> list[str]:
     return [t.name for t in threading.enumerate() if t.name.startswith(THREAD_PREFIX)]
-
-
-@pytest.fixture
-def registered():
-    """cpu-threaded in the registry (through its entry point, or registered here until it has one)."""
-    exec(REGISTER, {})
-    yield
-    registry._reset()
 
 
 @pytest.fixture(scope="module")
@@ -233,7 +215,7 @@ def test_greedy_ids_equal_numpy_at_124m_shape():
 # ---------------------------------------------------------------------------------------- registry
 
 
-def test_registered_by_name_with_options(registered):
+def test_registered_by_name_with_options():
     info = registry.get_backend_info("cpu-threaded")
     assert info.ok, info.status
     be = registry.get_backend("cpu-threaded:threads=2")
@@ -436,7 +418,7 @@ def test_ctrl_c_in_the_cli_exits_130(tmp_path):
     write_config(tmp_path / "config.json", config)
     write_hub_safetensors(tmp_path / "model.safetensors", random_state_dict(config), config)
     (tmp_path / "tokenizer.json").write_bytes((TESTS.parent / "gpt2" / "tokenizer.json").read_bytes())
-    proc, seconds = _interrupt(REGISTER + textwrap.dedent(f"""
+    proc, seconds = _interrupt(textwrap.dedent(f"""
         print("ready", flush=True)
         from inferno.cli import main
         spec = "cpu-threaded:threads=2,min_rows=1,min_macs=1,min_elements=1"
