@@ -441,19 +441,29 @@ class ThreadedBackend(NumpyBackend):
 
     # -------------------------------------------------------------------------------------- kernels
 
+    def _numpy_path(self, x) -> bool:
+        """Decode and short prompts with BLAS's own threads: exactly the numpy reference's calls."""
+        return x.size < self.min_rows * x.shape[-1] and self._direct_limit is None
+
     def linear(self, x, w, b):
+        if self._numpy_path(x):
+            return super().linear(x, w, b)
         x2 = x.reshape(-1, x.shape[-1])
         out = np.empty((x2.shape[0], w.shape[1]), dtype=np.result_type(x, w))
         self._gemm(x2, w, b, out)
         return out.reshape(*x.shape[:-1], w.shape[1])
 
     def lm_head(self, x, wte):
+        if self._numpy_path(x):
+            return super().lm_head(x, wte)
         x2 = x.reshape(-1, x.shape[-1])
         out = np.empty((x2.shape[0], wte.shape[0]), dtype=np.result_type(x, wte))
         self._gemm(x2, wte.T, None, out)  # column blocks of wte.T are row blocks of wte: contiguous
         return out.reshape(*x.shape[:-1], wte.shape[0])
 
     def mlp(self, x, w_fc, b_fc, w_proj, b_proj):
+        if self._numpy_path(x):
+            return super().mlp(x, w_fc, b_fc, w_proj, b_proj)
         x2 = x.reshape(-1, x.shape[-1])
         dtype = np.result_type(x, w_fc)
         out = np.empty((x2.shape[0], w_proj.shape[1]), dtype=dtype)
@@ -463,6 +473,8 @@ class ThreadedBackend(NumpyBackend):
         return out.reshape(*x.shape[:-1], w_proj.shape[1])
 
     def self_attention(self, x, w_attn, b_attn, w_proj, b_proj, kv, offset, n_head):
+        if self._numpy_path(x):  # with this backend's attention kernel
+            return super().self_attention(x, w_attn, b_attn, w_proj, b_proj, kv, offset, n_head)
         bsz, t, c = x.shape
         dtype = np.result_type(x, w_attn)
         qkv = np.empty((bsz, t, w_attn.shape[1]), dtype=dtype)
@@ -489,6 +501,14 @@ class ThreadedBackend(NumpyBackend):
         small, as in decode.
         """
         bsz, n_head, t, d = q.shape
+        if t == 1 and self._direct_limit is None:  # decode: one query per head, nothing to mask or tile
+            s = q @ k_cache[:, :, : offset + 1].swapaxes(-1, -2)
+            s *= 1.0 / math.sqrt(d)
+            s -= s.max(axis=-1, keepdims=True)
+            np.exp(s, out=s)
+            np.matmul(s, v_cache[:, :, : offset + 1], out=out)
+            out /= s.sum(axis=-1, keepdims=True)
+            return
         mask = _causal_mask(min(t, QUERY_TILE), q.dtype) if t > 1 else None
         tiles = [(i, min(i + QUERY_TILE, t)) for i in range(0, t, QUERY_TILE)]
         pooled = (self.threads > 1 and bsz * t >= self.min_rows
