@@ -52,7 +52,8 @@ def expected(text: str) -> list[int]:
 def _record(benchmark: Any, text: str) -> None:
     megabytes = len(text.encode("utf-8")) / 1e6
     benchmark.extra_info["MB"] = round(megabytes, 3)
-    benchmark.extra_info["MB/s (median)"] = round(megabytes / benchmark.stats.stats.median, 2)
+    if benchmark.stats is not None:  # None under --benchmark-disable (a smoke run: nothing timed)
+        benchmark.extra_info["MB/s (median)"] = round(megabytes / benchmark.stats.stats.median, 2)
 
 
 @pytest.mark.benchmark(group="tokenizer-encode")
