@@ -42,30 +42,13 @@ class NumpyBackend(Backend):
         return y
 
     def gelu_new(self, x):
-        y = x * x
-        y *= x
-        y *= 0.044715
-        y += x
-        y *= _GELU_C
-        np.tanh(y, out=y)
-        y += 1.0
-        y *= x
-        y *= 0.5
-        return y
+        return gelu_new_into(x)
 
     def layernorm(self, x, gamma, beta, eps):
-        y = x - x.mean(axis=-1, keepdims=True)
-        var = np.mean(y * y, axis=-1, keepdims=True)
-        y /= np.sqrt(var + eps)
-        y *= gamma
-        y += beta
-        return y
+        return layernorm_into(x, gamma, beta, eps, np.empty_like(x))
 
     def softmax(self, x):
-        y = x - x.max(axis=-1, keepdims=True)
-        np.exp(y, out=y)
-        y /= y.sum(axis=-1, keepdims=True)
-        return y
+        return softmax_into(x, np.empty_like(x))
 
     def add(self, a, b):
         return a + b
@@ -108,6 +91,44 @@ class NumpyBackend(Backend):
     def lm_head(self, x, wte):
         # wte.T is a view: BLAS reads it transposed, no 150 MB copy.
         return _matmul_rows(x.reshape(-1, x.shape[-1]), wte.T).reshape(*x.shape[:-1], wte.shape[0])
+
+
+# The elementwise kernels write into a given array (which may be the input itself), so that cpu-threaded
+# can run the very same code on row tiles of a shared output.
+
+
+def gelu_new_into(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """GPT-2's tanh GELU of `x`, written into `out` (may be `x`; None: a new array)."""
+    t = x * x
+    t *= x
+    t *= 0.044715
+    t += x
+    t *= _GELU_C
+    np.tanh(t, out=t)
+    t += 1.0
+    out = t if out is None else out
+    np.multiply(x, t, out=out)
+    out *= 0.5
+    return out
+
+
+def layernorm_into(x: np.ndarray, gamma, beta, eps: float, out: np.ndarray) -> np.ndarray:
+    """Layer norm of `x` over its last axis, written into `out` (may be `x`)."""
+    np.subtract(x, x.mean(axis=-1, keepdims=True), out=out)
+    var = np.mean(out * out, axis=-1, keepdims=True)
+    var += eps
+    out /= np.sqrt(var)
+    out *= gamma
+    out += beta
+    return out
+
+
+def softmax_into(x: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """Softmax of `x` over its last axis, written into `out` (may be `x`); the row max is subtracted."""
+    np.subtract(x, x.max(axis=-1, keepdims=True), out=out)
+    np.exp(out, out=out)
+    out /= out.sum(axis=-1, keepdims=True)
+    return out
 
 
 def _matmul_rows(x: np.ndarray, w: np.ndarray) -> np.ndarray:

@@ -85,7 +85,7 @@ from pathlib import Path
 import numpy as np
 
 from inferno.backends.hookspecs import hookimpl
-from inferno.backends.numpy_backend import _GELU_C, NumpyBackend
+from inferno.backends.numpy_backend import NumpyBackend, gelu_new_into, layernorm_into, softmax_into
 
 ENV_THREADS = "INFERNO_THREADS"
 
@@ -545,38 +545,19 @@ class ThreadedBackend(NumpyBackend):
     def layernorm(self, x, gamma, beta, eps):
         if self.threads == 1 or x.size < self.min_elements:
             return super().layernorm(x, gamma, beta, eps)
-        x2 = x.reshape(-1, x.shape[-1])
-        out = np.empty_like(x2)
-        tiles = self._row_tiles(x2.shape[0])
-
-        def task(i: int) -> None:
-            r = tiles[i]
-            y = out[r]
-            np.subtract(x2[r], x2[r].mean(axis=-1, keepdims=True), out=y)
-            var = np.mean(y * y, axis=-1, keepdims=True)
-            var += eps
-            y /= np.sqrt(var)
-            y *= gamma
-            y += beta
-
-        self._pool.run(task, len(tiles))
-        return out.reshape(x.shape)
+        return self._by_rows(x, lambda rows, out: layernorm_into(rows, gamma, beta, eps, out))
 
     def softmax(self, x):
         if self.threads == 1 or x.size < self.min_elements or x.size == x.shape[-1]:
             return super().softmax(x)  # small, or a single row
+        return self._by_rows(x, softmax_into)
+
+    def _by_rows(self, x, kernel: Callable[[np.ndarray, np.ndarray], object]) -> np.ndarray:
+        """Run the reference's row-wise `kernel(rows, out_rows)` on row tiles of `x`, on the pool."""
         x2 = x.reshape(-1, x.shape[-1])
         out = np.empty_like(x2)
         tiles = self._row_tiles(x2.shape[0])
-
-        def task(i: int) -> None:
-            r = tiles[i]
-            y = out[r]
-            np.subtract(x2[r], x2[r].max(axis=-1, keepdims=True), out=y)
-            np.exp(y, out=y)
-            y /= y.sum(axis=-1, keepdims=True)
-
-        self._pool.run(task, len(tiles))
+        self._pool.run(lambda i: kernel(x2[tiles[i]], out[tiles[i]]), len(tiles))
         return out.reshape(x.shape)
 
     def add(self, a, b):
@@ -610,15 +591,7 @@ def _attend_tile(q, k_cache, v_cache, offset: int, i0: int, i1: int, mask, out) 
 
 
 def _gelu_inplace(x: np.ndarray) -> None:
-    t = x * x
-    t *= x
-    t *= 0.044715
-    t += x
-    t *= _GELU_C
-    np.tanh(t, out=t)
-    t += 1.0
-    x *= t
-    x *= 0.5
+    gelu_new_into(x, x)
 
 
 def _chunks(size: int, n: int) -> list[slice]:
