@@ -3,7 +3,8 @@
     pip install -e ".[test,oracle]" && python benches/vs_transformers.py [--backend numpy] [--repeat 5]
 
 Measured in ONE run on random weights of the real shape (speed does not depend on the values), every
-case interleaved across repeats so a noisy neighbour slows both sides alike; medians are reported.
+case interleaved across repeats so a noisy neighbour slows both sides alike, with a 0.3 s rest before
+each timed run (OpenBLAS's workers spin after a call and would slow the next one); medians reported.
 
 - decode: tokens per second generating 128 new tokens (batch 1, KV cache, greedy, no early stop) after
   an 8-token prompt: `Pipeline`-level generation loop vs `GPT2LMHeadModel.generate`.
@@ -42,6 +43,7 @@ from inferno.model import Gpt2
 
 ROOT = Path(__file__).resolve().parents[1]
 NEW_TOKENS, DECODE_PROMPT, PREFILL = 128, 8, 64
+PAUSE = 0.3  # seconds of rest before each timed run
 
 
 def usable_cores() -> int:
@@ -183,6 +185,8 @@ def measure_speed(backend: str, repeat: int) -> tuple[dict[str, list[float]], in
             print(f"repeat {r + 1}/{repeat}", file=sys.stderr)
             results["bandwidth"].append(read_bandwidth(buffer, pool, cores))
             for name, fn in cases.items():
+                # OpenBLAS's idle workers spin for ~0.1 s after a call and would slow whoever runs next.
+                time.sleep(PAUSE)
                 results[name].append(fn())
     return results, bytes_per_token, weight_bytes, cores
 
