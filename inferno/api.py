@@ -19,7 +19,7 @@ import numpy as np
 from inferno.backends.base import Backend
 from inferno.backends.registry import get_backend
 from inferno.config import Gpt2Config
-from inferno.generate import GenerationResult, TokenStream, check_prompt, generate_tokens
+from inferno.generate import GenerationResult, TokenStream, check_ids, generate_tokens
 from inferno.hub import resolve_model_dir
 from inferno.model import Gpt2
 from inferno.sampling import SamplingParams
@@ -49,8 +49,7 @@ class Pipeline:
 
     def logits(self, ids: Sequence[int]) -> np.ndarray:
         """Full forward pass without a cache: float32 logits [len(ids), vocab_size]."""
-        ids = [int(i) for i in ids]
-        check_prompt(ids, self.config.n_positions)
+        ids = check_ids(ids, self.config)
         out = self.model.forward(np.asarray([ids]), all_logits=True)
         return self.backend.to_numpy(out)[0]
 
@@ -67,7 +66,9 @@ class Pipeline:
         """An iterator over new token ids; its `finish_reason` is set when it ends."""
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
         stop = (self.config.eos_token_id,) if stop_at_eos else ()
-        return generate_tokens(self.model, self.encode(prompt), max_new_tokens, params, stop)
+        # A vocabulary padded past the tokenizer's (as some exports do) must not yield undecodable ids.
+        limit = min(self.config.vocab_size, self.tokenizer.vocab_size)
+        return generate_tokens(self.model, self.encode(prompt), max_new_tokens, params, stop, limit)
 
     def stream(self, prompt: str | Sequence[int], **kwargs) -> Iterator[str]:
         """Yield text pieces as tokens arrive (same arguments as `generate`).

@@ -50,7 +50,7 @@ _temperature = _number(float, lambda v: math.isfinite(v) and v >= 0, "a finite n
 _top_p = _number(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
 _non_negative = _number(int, lambda v: v >= 0, "an integer >= 0")
 _positive = _number(int, lambda v: v >= 1, "an integer >= 1")
-_any_int = _number(int, lambda v: True, "an integer")
+_seed = _number(int, lambda v: v >= 0, "an integer >= 0")
 
 
 def _generate_parser() -> argparse.ArgumentParser:
@@ -67,12 +67,12 @@ def _generate_parser() -> argparse.ArgumentParser:
     arg("--backend", metavar="NAME", help="compute backend, optionally with options: NAME[:key=value,...] "
         "(default: $INFERNO_BACKEND or numpy; see 'inferno backends')")
     arg("--threads", metavar="N", type=_positive,
-        help="worker threads, for backends that take them (cpu-threaded, torch; default: usable cores)")
+        help="worker threads (cpu-threaded, torch; default: usable cores); other backends reject it")
     arg("--max-new-tokens", metavar="N", type=_non_negative, default=50, help="tokens to generate (50)")
     arg("--temperature", metavar="T", type=_temperature, help="0 = greedy (default); higher = more random")
     arg("--top-k", metavar="K", type=_non_negative, help="sample from the k most likely tokens (0 = off)")
     arg("--top-p", metavar="P", type=_top_p, help="nucleus sampling mass in (0, 1] (1 = off)")
-    arg("--seed", metavar="S", type=_any_int, help="random seed: the same seed gives the same text")
+    arg("--seed", metavar="S", type=_seed, help="random seed: the same seed gives the same text")
     p.add_argument("--preset", choices=["greedy", "sample"],
                    help="sample = temperature 0.8 + top-k 40; explicit flags override it")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past <|endoftext|>")
@@ -96,6 +96,12 @@ def _sampling_kwargs(args: argparse.Namespace) -> dict:
 def _run_generate(argv: Sequence[str]) -> int:
     args = _generate_parser().parse_args(argv)
     kwargs = _sampling_kwargs(args)
+    if kwargs["temperature"] == 0 and (args.top_k or (args.top_p is not None and args.top_p < 1)):
+        print("inferno: note: --top-k/--top-p only apply when sampling; add --temperature (greedy now)",
+              file=sys.stderr)
+    # Never die on a terminal or pipe that cannot encode what GPT-2 writes (cp1252, ascii).
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(errors="replace")
 
     import inferno
     from inferno.backends.registry import BackendOptionError, get_backend
@@ -133,7 +139,7 @@ def _run_generate(argv: Sequence[str]) -> int:
             "prompt_ids": stream.prompt_ids, "ids": ids, "text": pipe.tokenizer.decode(text_ids),
             "finish_reason": finish, "backend": pipe.backend.name, "new_tokens": len(ids),
             "seconds": round(seconds, 6), "tokens_per_second": round(rate, 3),
-        }, ensure_ascii=False))
+        }))  # ASCII escapes: valid and exact whatever stdout's encoding
         return 0
     sys.stdout.write(decoder.flush() + "\n")
     sys.stdout.flush()

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from inferno.config import Gpt2Config
 from inferno.model import Gpt2
 from inferno.sampling import Sampler, SamplingParams
 
@@ -51,6 +52,8 @@ class TokenStream:
     max_new_tokens: int
     params: SamplingParams = field(default_factory=SamplingParams)
     stop_ids: frozenset[int] = frozenset()
+    #: Sample only among ids below this (a model whose vocabulary is padded past the tokenizer's).
+    sample_limit: int | None = None
     finish_reason: str | None = None
 
     def __iter__(self) -> Iterator[int]:
@@ -66,7 +69,7 @@ class TokenStream:
         cache = self.model.new_cache(1, len(prompt) + budget - 1 if budget > 1 else len(prompt))
         logits = self.model.forward(np.asarray([prompt]), cache)
         for step in range(budget):
-            token = sample(self.model.backend.to_numpy(logits)[0])
+            token = sample(self.model.backend.to_numpy(logits)[0, : self.sample_limit])
             yield token
             if token in self.stop_ids:
                 self.finish_reason = "stop"
@@ -76,11 +79,19 @@ class TokenStream:
         self.finish_reason = "length"
 
 
-def check_prompt(prompt_ids: Sequence[int], n_positions: int) -> None:
-    if len(prompt_ids) > n_positions:
+def check_ids(ids: Sequence[int], config: Gpt2Config) -> list[int]:
+    """The prompt as a list of ints, or a `GenerationError` saying what is wrong with it."""
+    ids = [int(i) for i in ids]
+    if not ids:
+        raise GenerationError("the prompt has no tokens (start from <|endoftext|> for unconditional text)")
+    bad = [i for i in ids if not 0 <= i < config.vocab_size]
+    if bad:
+        raise GenerationError(f"prompt token id {bad[0]} is outside the vocabulary [0, {config.vocab_size})")
+    if len(ids) > config.n_positions:
         raise ContextLengthError(
-            f"the prompt is {len(prompt_ids)} tokens long but the model's context holds {n_positions}"
+            f"the prompt is {len(ids)} tokens long but the model's context holds {config.n_positions}"
         )
+    return ids
 
 
 def generate_tokens(
@@ -89,16 +100,11 @@ def generate_tokens(
     max_new_tokens: int,
     params: SamplingParams | None = None,
     stop_ids: Iterable[int] = (),
+    sample_limit: int | None = None,
 ) -> TokenStream:
     """Stream new token ids for one prompt (batch 1). Validates the prompt and the budget first."""
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise GenerationError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
-    prompt = [int(i) for i in prompt_ids]
-    if not prompt:
-        raise GenerationError("the prompt has no tokens (start from <|endoftext|> for unconditional text)")
-    vocab = model.config.vocab_size
-    bad = [i for i in prompt if not 0 <= i < vocab]
-    if bad:
-        raise GenerationError(f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab})")
-    check_prompt(prompt, model.config.n_positions)
-    return TokenStream(model, prompt, max_new_tokens, params or SamplingParams(), frozenset(stop_ids))
+    prompt = check_ids(prompt_ids, model.config)
+    return TokenStream(model, prompt, max_new_tokens, params or SamplingParams(), frozenset(stop_ids),
+                       sample_limit)

@@ -35,8 +35,9 @@ class SamplingParams:
             raise SamplingError(f"top_k must be an integer >= 0 (0 = off), got {k!r}")
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not (0.0 < p <= 1.0):
             raise SamplingError(f"top_p must be in (0, 1], got {p!r}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
-            raise SamplingError(f"seed must be an integer, got {self.seed!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
+                                      or self.seed < 0):
+            raise SamplingError(f"seed must be an integer >= 0, got {self.seed!r}")
 
     @property
     def greedy(self) -> bool:
@@ -51,16 +52,24 @@ class Sampler:
         self.rng = np.random.default_rng(self.params.seed)
 
     def distribution(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The candidate ids (most likely first) and their probabilities after temperature, top-k, top-p."""
+        """The candidate ids and their probabilities after temperature, top-k, top-p.
+
+        With a top-k or top-p cut the candidates come most likely first; without one they are all ids
+        in order (no sort of the whole vocabulary per token).
+        """
         p = self.params
-        # Work in float64 so that top-p sums and the draw do not depend on float32 rounding.
-        z = np.asarray(logits, dtype=np.float64) / (p.temperature or 1.0)
+        # Work in float64 so that top-p sums and the draw do not depend on float32 rounding; subtract
+        # the maximum before dividing so that a tiny temperature cannot overflow to inf - inf.
+        z = np.asarray(logits, dtype=np.float64)
+        with np.errstate(over="ignore"):  # far below the maximum at a tiny temperature: -inf, weight 0
+            z = (z - z.max()) / (p.temperature or 1.0)
         ids = np.arange(z.shape[0])
         if 0 < p.top_k < z.shape[0]:
             ids = np.argpartition(-z, p.top_k - 1)[: p.top_k]
-        # Candidates by descending logit; ties broken by id so the order is reproducible.
-        ids = ids[np.lexsort((ids, -z[ids]))]
-        probs = np.exp(z[ids] - z[ids[0]])
+        if p.top_k or p.top_p < 1.0:
+            # Candidates by descending logit; ties broken by id so the order is reproducible.
+            ids = ids[np.lexsort((ids, -z[ids]))]
+        probs = np.exp(z[ids] - z[ids].max())
         probs /= probs.sum()
         if p.top_p < 1.0:
             # Keep the smallest prefix whose mass reaches top_p, including the token that crosses it.

@@ -124,6 +124,9 @@ def test_backends_table(env):
         (["--backend", "numpy:colour=red"], "colour"),
         (["--threads", "0"], "--threads"),
         (["--threads", "2"], "--threads"),  # numpy takes no threads option
+        (["--seed", "-1"], "--seed"),
+        (["--backend", "numpy:dtype"], "key=value"),
+        (["--backend", ""], "no name"),
     ],
 )
 def test_bad_flags(model_dir, env, flags, needle):
@@ -203,3 +206,25 @@ def test_ctrl_c_stops_cleanly(tmp_path, env):
         proc.kill()
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "interrupted" in err
+
+
+def test_stdout_that_cannot_encode_the_text(model_dir, env, pipe):
+    # A terminal or pipe in ASCII (or cp1252) must not kill the stream: unencodable characters become '?'.
+    kwargs = dict(max_new_tokens=24, temperature=1.0, stop_at_eos=False)
+    seed = next(s for s in range(50) if not pipe.generate("Hi", seed=s, **kwargs).text.isascii())
+    text = pipe.generate("Hi", seed=seed, **kwargs).text
+    args = ["Hi", "--model-dir", str(model_dir), "--max-new-tokens", "24", "--temperature", "1",
+            "--seed", str(seed), "--ignore-eos"]
+    proc = subprocess.run([sys.executable, "-m", "inferno", *args], capture_output=True,
+                          env=dict(env, PYTHONIOENCODING="ascii"), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == (text + "\n").encode("ascii", "replace")
+    proc = subprocess.run([sys.executable, "-m", "inferno", *args, "--json"], capture_output=True,
+                          env=dict(env, PYTHONIOENCODING="ascii"), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["text"] == text
+
+
+def test_top_k_without_temperature_says_it_is_greedy(model_dir, env):
+    proc = run(["Hi", "--model-dir", str(model_dir), "--max-new-tokens", "1", "--top-k", "40"], env)
+    assert proc.returncode == 0 and "--temperature" in proc.stderr

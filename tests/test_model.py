@@ -6,11 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from goldens import GOLDEN, golden_model, write_model_dir
+from random_gpt2 import random_state_dict, small_config
 
 import inferno
 from inferno.api import Pipeline
 from inferno.backends.numpy_backend import NumpyBackend
-from inferno.generate import ContextLengthError, generate_tokens
+from inferno.generate import ContextLengthError, GenerationError, generate_tokens
 from inferno.model import Gpt2
 from inferno.sampling import SamplingParams
 from inferno.weights import load_weights
@@ -160,3 +161,26 @@ def test_out_of_vocabulary_prompt_id_is_an_error(greedy_pipeline):
     with pytest.raises(ValueError, match="50257"):
         pipe.generate([1, 50257], max_new_tokens=1)
 
+
+
+@pytest.mark.parametrize(("ids", "needle"), [([], "no tokens"), ([-1], "-1"), ([50257], "50257")])
+def test_logits_reject_bad_ids(greedy_pipeline, ids, needle):
+    pipe, _ = greedy_pipeline
+    with pytest.raises(GenerationError, match=needle):
+        pipe.logits(ids)
+
+
+def test_sample_limit_keeps_ids_below_it(greedy_pipeline):
+    pipe, _ = greedy_pipeline
+    prompt = pipe.encode("Hello")
+    first = pipe.generate(prompt, max_new_tokens=1, stop_at_eos=False).ids[0]
+    stream = generate_tokens(pipe.model, prompt, 1, SamplingParams(), sample_limit=first)
+    assert list(stream)[0] < first
+
+
+def test_padded_vocabulary_samples_only_tokenizer_ids(tmp_path):
+    # Some exports pad the vocabulary (nanoGPT: 50304); ids past the tokenizer's could not be decoded.
+    config = small_config(vocab_size=50304, n_positions=32, n_embd=16, n_layer=1, n_head=2)
+    pipe = inferno.load(write_model_dir(tmp_path, config, random_state_dict(config, 7)), "numpy",
+                        download=False)
+    assert pipe.tokens("Hi", max_new_tokens=1).sample_limit == 50257

@@ -83,6 +83,7 @@ def _draws(params: SamplingParams, logits: np.ndarray, n: int) -> list[int]:
         ({"top_p": 0.0}, "top_p"),
         ({"top_p": 1.5}, "top_p"),
         ({"seed": "x"}, "seed"),
+        ({"seed": -1}, "seed"),
     ],
 )
 def test_bad_params_name_the_parameter(kwargs, name):
@@ -92,3 +93,10 @@ def test_bad_params_name_the_parameter(kwargs, name):
 
 def test_sample_preset_is_temperature_08_top_k_40():
     assert PRESETS["sample"] == {"temperature": 0.8, "top_k": 40, "top_p": 1.0}
+
+
+def test_tiny_temperature_is_almost_greedy():
+    # Dividing first would overflow to inf - inf = nan and pick the least likely token.
+    logits = np.random.default_rng(3).standard_normal(1000).astype(np.float32) * 5
+    for t in (1e-3, 1e-200, 1e-320):
+        assert Sampler(SamplingParams(temperature=t, seed=0))(logits) == int(np.argmax(logits))

@@ -137,15 +137,15 @@ def parse_backend_spec(spec: str) -> tuple[str, dict[str, Any]]:
     name, _, rest = spec.strip().partition(":")
     name = name.strip()
     if not name:
-        raise ValueError(f"backend spec {spec!r} has no name (expected 'name[:key=value,...]')")
+        raise BackendOptionError(f"backend spec {spec!r} has no name (expected 'name[:key=value,...]')")
     options: dict[str, Any] = {}
     for item in filter(None, (part.strip() for part in rest.split(","))):
         key, eq, value = item.partition("=")
         key = key.strip()
         if not eq or not key.isidentifier():
-            raise ValueError(f"backend spec {spec!r}: expected key=value, got {item!r}")
+            raise BackendOptionError(f"backend spec {spec!r}: expected key=value, got {item!r}")
         if key in options:
-            raise ValueError(f"backend spec {spec!r}: option {key!r} given twice")
+            raise BackendOptionError(f"backend spec {spec!r}: option {key!r} given twice")
         options[key] = _parse_value(value.strip())
     return name, options
 
