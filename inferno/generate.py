@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from numbers import Integral
 
 import numpy as np
 
@@ -60,7 +61,7 @@ class TokenStream:
         n_pos = self.model.config.n_positions
         prompt = self.prompt_ids
         # The sequence (prompt + new tokens) may not exceed the context window.
-        budget = min(self.max_new_tokens, n_pos - len(prompt))
+        budget = min(int(self.max_new_tokens), n_pos - len(prompt))
         if budget <= 0:
             self.finish_reason = "length"
             return
@@ -103,7 +104,7 @@ def generate_tokens(
     sample_limit: int | None = None,
 ) -> TokenStream:
     """Stream new token ids for one prompt (batch 1). Validates the prompt and the budget first."""
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, Integral) or max_new_tokens < 0:
         raise GenerationError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
     prompt = check_ids(prompt_ids, model.config)
     return TokenStream(model, prompt, max_new_tokens, params or SamplingParams(), frozenset(stop_ids),

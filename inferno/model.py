@@ -91,8 +91,9 @@ class Gpt2:
         if cache is None:
             cache = self.new_cache(ids.shape[0], t)
         offset = cache.length
-        if offset + t > cache.capacity:
-            raise ValueError(f"{offset + t} positions do not fit a KV cache of {cache.capacity}")
+        if offset + t > min(cache.capacity, c.n_positions):
+            raise ValueError(f"{offset + t} positions do not fit a KV cache of {cache.capacity} "
+                             f"and a context of {c.n_positions}")
 
         x = be.embedding(self.wte, self.wpe, be.from_numpy(ids), offset)
         for i, blk in enumerate(self.blocks):

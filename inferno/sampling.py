@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from numbers import Integral, Real
 
 import numpy as np
 
@@ -29,13 +30,13 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         t, k, p = self.temperature, self.top_k, self.top_p
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+        if isinstance(t, bool) or not isinstance(t, Real) or not math.isfinite(t) or t < 0:
             raise SamplingError(f"temperature must be a finite number >= 0, got {t!r}")
-        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        if isinstance(k, bool) or not isinstance(k, Integral) or k < 0:
             raise SamplingError(f"top_k must be an integer >= 0 (0 = off), got {k!r}")
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not (0.0 < p <= 1.0):
+        if isinstance(p, bool) or not isinstance(p, Real) or not (0.0 < p <= 1.0):
             raise SamplingError(f"top_p must be in (0, 1], got {p!r}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, Integral)
                                       or self.seed < 0):
             raise SamplingError(f"seed must be an integer >= 0, got {self.seed!r}")
 
