@@ -85,7 +85,7 @@ class NumpyBackend(Backend):
         scores *= 1.0 / math.sqrt(d)
         if t > 1:
             # Query i sits at position offset + i and may not see keys after it.
-            scores[..., np.triu(np.ones((t, s), dtype=bool), k=offset + 1)] = -np.inf
+            np.copyto(scores, -np.inf, where=np.triu(np.ones((t, s), dtype=bool), k=offset + 1))
         return self.softmax(scores) @ v_cache[:, :, :s]
 
     def lm_head(self, x, wte):
