@@ -67,7 +67,7 @@ class TokenStream:
             return
         sample = Sampler(self.params)
         # The last new token is never fed back, so the cache needs room for one position less.
-        cache = self.model.new_cache(1, len(prompt) + budget - 1 if budget > 1 else len(prompt))
+        cache = self.model.new_cache(1, len(prompt) + budget - 1)
         logits = self.model.forward(np.asarray([prompt]), cache)
         for step in range(budget):
             token = sample(self.model.backend.to_numpy(logits)[0, : self.sample_limit])
