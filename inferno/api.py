@@ -97,16 +97,7 @@ class Pipeline:
         start = time.perf_counter()
         stream = self.tokens(prompt, **kwargs)
         ids = list(stream)
-        seconds = time.perf_counter() - start
-        text_ids = ids[:-1] if stream.finish_reason == "stop" else ids
-        return GenerationResult(
-            prompt_ids=stream.prompt_ids,
-            ids=ids,
-            text=self.tokenizer.decode(text_ids),
-            finish_reason=stream.finish_reason or "length",
-            seconds=seconds,
-            backend=self.backend.name,
-        )
+        return stream.result(ids, self.tokenizer.decode, time.perf_counter() - start)
 
 
 def load(

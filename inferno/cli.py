@@ -129,24 +129,17 @@ def _run_generate(argv: Sequence[str]) -> int:
         sys.stdout.flush()
         print(f"\n[interrupted after {len(ids)} new tokens]", file=sys.stderr)
         return EXIT_INTERRUPTED
-    seconds = time.perf_counter() - start
-    rate = len(ids) / seconds if seconds > 0 else 0.0
-    finish = stream.finish_reason or "length"
-
+    result = stream.result(ids, pipe.tokenizer.decode, time.perf_counter() - start)
     if args.json:
-        text_ids = ids[:-1] if finish == "stop" else ids
-        print(json.dumps({
-            "prompt_ids": stream.prompt_ids, "ids": ids, "text": pipe.tokenizer.decode(text_ids),
-            "finish_reason": finish, "backend": pipe.backend.name, "new_tokens": len(ids),
-            "seconds": round(seconds, 6), "tokens_per_second": round(rate, 3),
-        }))  # ASCII escapes: valid and exact whatever stdout's encoding
+        print(json.dumps(result.to_dict()))  # ASCII escapes: valid and exact whatever stdout's encoding
         return 0
     sys.stdout.write(decoder.flush() + "\n")
     sys.stdout.flush()
     if args.show_ids:
         print(f"prompt ids: {stream.prompt_ids}", file=sys.stderr)
         print(f"new ids:    {ids}", file=sys.stderr)
-    print(f"[{len(ids)} new tokens in {seconds:.2f}s, {rate:.1f} tok/s]", file=sys.stderr)
+    print(f"[{result.new_tokens} new tokens in {result.seconds:.2f}s, {result.tokens_per_second:.1f} tok/s]",
+          file=sys.stderr)
     return 0
 
 

@@ -7,7 +7,7 @@ model's context (n_positions) ran out.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from numbers import Integral
 
@@ -42,6 +42,12 @@ class GenerationResult:
     @property
     def tokens_per_second(self) -> float:
         return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        """The CLI's --json object."""
+        return {"prompt_ids": self.prompt_ids, "ids": self.ids, "text": self.text,
+                "finish_reason": self.finish_reason, "backend": self.backend, "new_tokens": self.new_tokens,
+                "seconds": round(self.seconds, 6), "tokens_per_second": round(self.tokens_per_second, 3)}
 
 
 @dataclass
@@ -78,6 +84,12 @@ class TokenStream:
             if step + 1 < budget:
                 logits = self.model.forward(np.asarray([[token]]), cache)
         self.finish_reason = "length"
+
+    def result(self, ids: list[int], decode: Callable[[list[int]], str], seconds: float) -> GenerationResult:
+        """The finished generation of `ids` (as yielded); its text leaves out the stop token."""
+        finish = self.finish_reason or "length"
+        text = decode(ids[:-1] if finish == "stop" else ids)
+        return GenerationResult(self.prompt_ids, ids, text, finish, seconds, self.model.backend.name)
 
 
 def check_ids(ids: Sequence[int], config: Gpt2Config) -> list[int]:
