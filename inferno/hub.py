@@ -164,6 +164,9 @@ def resolve_model_dir(
             return snapshot
         searched = [target, cache / ("models--" + REPO_ID.replace("/", "--")) / "snapshots"]
 
+    if target.exists() and not target.is_dir():
+        raise NotADirectoryError(f"model folder {target} is a file; expected a folder holding "
+                                 f"{', '.join(REQUIRED_FILES)}")
     missing = _missing(target)
     if not missing:
         return target

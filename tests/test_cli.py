@@ -228,3 +228,9 @@ def test_stdout_that_cannot_encode_the_text(model_dir, env, pipe):
 def test_top_k_without_temperature_says_it_is_greedy(model_dir, env):
     proc = run(["Hi", "--model-dir", str(model_dir), "--max-new-tokens", "1", "--top-k", "40"], env)
     assert proc.returncode == 0 and "--temperature" in proc.stderr
+
+
+def test_model_dir_that_is_a_file(tmp_path, env):
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(b"not a folder")
+    assert_one_line_error(run(["Hi", "--model-dir", str(path)], env), str(path), "is a file")
