@@ -102,11 +102,15 @@ class Gpt2:
                 h, blk.attn_w, blk.attn_b, blk.attn_proj_w, blk.attn_proj_b, cache.layers[i], offset, c.n_head
             )
             x = be.add(x, h)
+            if i == c.n_layer - 1 and not all_logits:
+                # Only the last position is sampled: past the last attention (which filled the cache
+                # for every position) nothing else is needed, not the MLP and not the LM head.
+                x = x[:, t - 1 :]
             h = be.layernorm(x, blk.ln_2_g, blk.ln_2_b, c.layer_norm_epsilon)
             x = be.add(x, be.mlp(h, blk.fc_w, blk.fc_b, blk.proj_w, blk.proj_b))
         cache.length = offset + t
 
         if not all_logits:
-            x = x[:, t - 1]  # only the last position is sampled: skip the LM head for the rest
+            x = x[:, 0]
         x = be.layernorm(x, self.ln_f_g, self.ln_f_b, c.layer_norm_epsilon)
         return be.lm_head(x, self.lm_head_w)
