@@ -115,6 +115,6 @@ def load(
     directory = resolve_model_dir(model_dir, download=download)
     config = Gpt2Config.from_file(Path(directory) / "config.json")
     tokenizer = Tokenizer.from_file(Path(directory) / "tokenizer.json")
-    weights = load_weights(Path(directory) / "model.safetensors", config)
+    weights = load_weights(Path(directory) / "model.safetensors", config, be.weight_order)
     model = Gpt2.from_weights(config, weights, be)
     return Pipeline(model, tokenizer)

@@ -5,7 +5,8 @@ https://github.com/huggingface/safetensors) instead of using the library, becaus
 
 * the file is never memory-mapped: a file truncated while mapped kills the process with SIGBUS;
 * each tensor is read with ``readinto`` straight into its final float32 array (F16/BF16 go through
-  one temporary the size of that tensor), so the process never holds two copies of the weights;
+  one temporary the size of that tensor), so the process never holds two copies of the weights; a
+  tensor the backend wants in Fortran order is read a few rows at a time into its final array;
 * every problem (bad header, offsets past the end, missing/unexpected tensors, wrong shapes,
   unsupported dtypes) is checked against the file size and the config *before* any data is read,
   and all of them are reported at once in one :class:`WeightsError` naming the file.
@@ -27,6 +28,7 @@ import json
 import math
 import os
 import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -323,8 +325,10 @@ def _readinto(f: BinaryIO, buf: np.ndarray, info: TensorInfo, path: str | os.Pat
         done += n
 
 
-def _read_tensor(f: BinaryIO, info: TensorInfo, path: str | os.PathLike[str]) -> np.ndarray:
-    """Read one tensor as a C-contiguous float32 array (a single allocation for F32)."""
+def _read_tensor(f: BinaryIO, info: TensorInfo, path: str | os.PathLike[str], order: str = "C") -> np.ndarray:
+    """Read one tensor as a float32 array in `order` ("C" or "F"; a single allocation for F32 C)."""
+    if order == "F" and len(info.shape) == 2:
+        return _read_transposed(f, info, path)
     if info.dtype == "F32":
         out = np.empty(info.shape, dtype="<f4")
         _readinto(f, out, info, path)
@@ -344,22 +348,41 @@ def _read_tensor(f: BinaryIO, info: TensorInfo, path: str | os.PathLike[str]) ->
     return out
 
 
-def _same_as(f: BinaryIO, info: TensorInfo, reference: np.ndarray, path: str | os.PathLike[str]) -> bool:
-    """Whether a [V, C] tensor in the file equals ``reference``, reading it a few rows at a time."""
+def _read_transposed(f: BinaryIO, info: TensorInfo, path: str | os.PathLike[str]) -> np.ndarray:
+    """Read a 2-D tensor into a Fortran-order float32 array, a few rows at a time: the transposed copy
+    is made chunk by chunk, so the process never holds the tensor twice."""
+    out = np.empty(info.shape, dtype=np.float32, order="F")
+    for r0, part in _row_parts(info):
+        out[r0 : r0 + part.shape[0]] = _read_tensor(f, part, path)
+    return out
+
+
+def _row_parts(info: TensorInfo) -> Iterator[tuple[int, TensorInfo]]:
+    """(first row, TensorInfo of the rows) for consecutive chunks of about 4 MB of a tensor's rows."""
     rows = info.shape[0]
     row_bytes = _DTYPE_SIZES[info.dtype] * math.prod(info.shape[1:])
     step = max(1, _COMPARE_CHUNK_BYTES // max(1, row_bytes))
     for r0 in range(0, rows, step):
         r1 = min(rows, r0 + step)
-        part = TensorInfo(info.name, info.dtype, (r1 - r0, *info.shape[1:]),
-                          info.start + r0 * row_bytes, info.start + r1 * row_bytes)  # fmt: skip
-        if not np.array_equal(_read_tensor(f, part, path), reference[r0:r1]):
+        yield r0, TensorInfo(info.name, info.dtype, (r1 - r0, *info.shape[1:]),
+                             info.start + r0 * row_bytes, info.start + r1 * row_bytes)  # fmt: skip
+
+
+def _same_as(f: BinaryIO, info: TensorInfo, reference: np.ndarray, path: str | os.PathLike[str]) -> bool:
+    """Whether a [V, C] tensor in the file equals ``reference``, reading it a few rows at a time."""
+    for r0, part in _row_parts(info):
+        if not np.array_equal(_read_tensor(f, part, path), reference[r0 : r0 + part.shape[0]]):
             return False
     return True
 
 
-def load_weights(path: str | os.PathLike[str], config: Gpt2Config) -> dict[str, np.ndarray]:
-    """Load every GPT-2 parameter from a safetensors file as float32, C-contiguous numpy arrays.
+def load_weights(
+    path: str | os.PathLike[str], config: Gpt2Config, order: Callable[[str], str] | None = None
+) -> dict[str, np.ndarray]:
+    """Load every GPT-2 parameter from a safetensors file as float32 numpy arrays.
+
+    Arrays are C-contiguous, or in the memory order ``order(name)`` returns ("C" or "F"): pass a
+    backend's `weight_order` so that it gets its preferred layout without a second copy at load.
 
     Keys are canonical Hub names without prefix (``wte.weight``, ``h.0.attn.c_attn.weight``, ...;
     see :func:`expected_shapes`). Linear weights keep the Hub's Conv1D layout ``[in, out]``.
@@ -381,9 +404,9 @@ def load_weights(path: str | os.PathLike[str], config: Gpt2Config) -> dict[str, 
         lm_head = chosen.pop(_LM_HEAD, None)
         # In file order, so the reads are sequential.
         for name, info in sorted(chosen.items(), key=lambda item: item[1].start):
-            weights[name] = _read_tensor(f, info, path)
+            weights[name] = _read_tensor(f, info, path, order(name) if order else "C")
         if lm_head is not None and not _same_as(f, lm_head, weights["wte.weight"], path):
-            weights[_LM_HEAD] = _read_tensor(f, lm_head, path)
+            weights[_LM_HEAD] = _read_tensor(f, lm_head, path, order(_LM_HEAD) if order else "C")
     # Canonical order (embeddings, blocks, final norm) reads better when inspected.
     order = {name: i for i, name in enumerate(expected_shapes(config))}
     return {name: weights[name] for name in sorted(weights, key=lambda n: order.get(n, len(order)))}

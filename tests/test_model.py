@@ -184,3 +184,25 @@ def test_padded_vocabulary_samples_only_tokenizer_ids(tmp_path):
     pipe = inferno.load(write_model_dir(tmp_path, config, random_state_dict(config, 7)), "numpy",
                         download=False)
     assert pipe.tokens("Hi", max_new_tokens=1).sample_limit == 50257
+
+
+def test_numpy_backend_loads_decode_weights_transposed(greedy_pipeline):
+    # The numpy backend keeps the c_proj weights and wte in Fortran order (faster GEMVs in decode); the
+    # loader reads them that way, and the tied LM head stays the very same array.
+    pipe, _ = greedy_pipeline
+    model = pipe.model
+    assert model.wte.flags.f_contiguous and model.lm_head_w is model.wte
+    for blk in model.blocks:
+        assert blk.attn_proj_w.flags.f_contiguous and blk.proj_w.flags.f_contiguous
+        assert blk.attn_w.flags.c_contiguous and blk.fc_w.flags.c_contiguous
+
+
+def test_numpy_prepare_weight_copies_only_to_change_layout():
+    be = NumpyBackend()
+    a = np.asfortranarray(np.arange(12, dtype=np.float32).reshape(3, 4))
+    assert be.prepare_weight("h.0.mlp.c_proj.weight", a) is a
+    c = np.ascontiguousarray(a)
+    assert be.prepare_weight("h.0.mlp.c_fc.weight", c) is c
+    moved = be.prepare_weight("wte.weight", c)
+    assert moved.flags.f_contiguous and np.array_equal(moved, c)
+    assert be.prepare_weight("h.0.attn.c_attn.weight", a).flags.c_contiguous

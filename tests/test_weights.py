@@ -125,6 +125,40 @@ def test_tied_lm_head_compared_in_chunks(tmp_path, monkeypatch, cfg, sd):
     assert load_weights(path, cfg)["lm_head.weight"][cfg.vocab_size // 2, 0] == 42.0
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("chunk_rows", [1, 3, 10_000])
+def test_fortran_order_on_request(tmp_path, monkeypatch, dtype, chunk_rows):
+    # The transposed copy is made a few rows at a time: exercise one row, uneven chunks and one chunk.
+    directory, config, expected = make_model_dir(tmp_path, dtype=dtype, seed=4)
+    monkeypatch.setattr(weights_module, "_COMPARE_CHUNK_BYTES", chunk_rows * 4 * config.n_embd)
+    fortran = {"wte.weight", "h.1.mlp.c_proj.weight", "h.0.attn.c_attn.weight"}
+    requested = []
+
+    def order(name: str) -> str:
+        requested.append(name)
+        return "F" if name in fortran else "C"
+
+    w = load_weights(directory / "model.safetensors", config, order)
+    assert sorted(requested) == sorted(expected_shapes(config))  # asked once per tensor it returns
+    for name, array in w.items():
+        f_order = name in fortran
+        assert array.dtype == np.float32, name
+        assert array.flags.f_contiguous if f_order else array.flags.c_contiguous, name
+        assert array.flags.c_contiguous != f_order, name
+        np.testing.assert_array_equal(array, expected[name], err_msg=name)
+
+
+def test_fortran_order_untied_lm_head(tmp_path, cfg, sd):
+    head = sd["wte.weight"].copy()
+    head[-1, -1] += 1.0
+    path = write_save_pretrained_safetensors(tmp_path / "m.safetensors", sd, lm_head=head)
+    w = load_weights(path, cfg, lambda name: "F" if name in ("wte.weight", "lm_head.weight") else "C")
+    assert w["lm_head.weight"].flags.f_contiguous and w["wte.weight"].flags.f_contiguous
+    np.testing.assert_array_equal(w["lm_head.weight"], head)
+    path = write_save_pretrained_safetensors(tmp_path / "t.safetensors", sd)  # tied: still detected
+    assert "lm_head.weight" not in load_weights(path, cfg, lambda name: "F")
+
+
 @pytest.mark.parametrize("shape", [dict(n_layer=1, n_embd=8, n_head=1), dict(n_layer=3, n_embd=24, n_head=3)])
 def test_other_shapes(tmp_path, shape):
     config = small_config(vocab_size=50, n_positions=7, **shape)

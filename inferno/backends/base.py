@@ -1,6 +1,7 @@
 """The `Backend` protocol: the kernels GPT-2 is written against.
 
-Every kernel takes backend arrays and returns backend arrays, contiguous and row-major. A backend owns its
+Every kernel takes backend arrays and returns backend arrays, contiguous and row-major (weights are in
+the layout the backend's own `prepare_weight` chose). A backend owns its
 array type: host NumPy arrays cross the boundary only through `from_numpy` (weights at load, token ids)
 and `to_numpy` (the logits of the position being sampled). Batch is the leading dimension everywhere.
 
@@ -51,6 +52,12 @@ class Backend(ABC):
         a packed format) overrides this; it runs once per tensor at load, never per call.
         """
         return self.from_numpy(a)
+
+    def weight_order(self, name: str) -> str:
+        """The memory order `prepare_weight` wants the host weight `name` in: "C" (row-major, as stored
+        in the file; the default) or "F" (column-major). The loader reads straight into that order, so
+        a backend that keeps some weights transposed costs no second copy at load."""
+        return "C"
 
     @classmethod
     def unavailable_reason(cls) -> str | None:

@@ -35,7 +35,7 @@ kernel; medians of interleaved repeats on a machine shared with other test runs,
 * *Short prompts stay direct.* Prefill through the pool against numpy: 64 tokens 0.82-0.92x, 128
   tokens 0.90-0.92x, 256 tokens 1.05-1.21x, 512 1.37x, 1000 1.5-1.8x; hence `MIN_ROWS` = 192. Row tiles
   below ~128 rows cost single-threaded BLAS efficiency (64-row tiles: 25-30 % slower than 512).
-* *No pre-split weights.* Blocks are views of the weights as loaded (`prepare_weight` is the default):
+* *No pre-split weights.* Blocks are views of the weights as loaded (in the numpy backend's layout):
   strided column blocks ran as fast as contiguous copies (GEMV of c_attn in 4 blocks: 0.155 ms as views,
   0.48 ms as copies; 512-row GEMMs in 2-4 column blocks within 3 % of one call), and copies would
   double the weights' memory. Nothing is copied or re-split per call.
@@ -458,7 +458,7 @@ class ThreadedBackend(NumpyBackend):
             return super().lm_head(x, wte)
         x2 = x.reshape(-1, x.shape[-1])
         out = np.empty((x2.shape[0], wte.shape[0]), dtype=np.result_type(x, wte))
-        self._gemm(x2, wte.T, None, out)  # column blocks of wte.T are row blocks of wte: contiguous
+        self._gemm(x2, wte.T, None, out)  # column blocks of wte.T: strided views, as fast as copies
         return out.reshape(*x.shape[:-1], wte.shape[0])
 
     def mlp(self, x, w_fc, b_fc, w_proj, b_proj):
