@@ -6,8 +6,9 @@
 
 Everyone gets the same random weights of the GPT-2 124M shape (speed does not depend on the values).
 Each repeat runs every (case, implementation) pair once, round robin, so a noisy neighbour slows all of
-them alike; the tables show the median and the spread ((max - min) / median) of the repeats, and the load
-average before and after: on a machine shared with other work, read the spread before the ratios.
+them alike; the tables show the median and the spread ((max - min) / median) of the repeats, the ratios
+as the median of the per-repeat ratios with their range, and the load average before and after: on a
+machine shared with other work, read the spread before the ratios.
 
 Cases: prefill of 64, 512 and 1000 tokens (the prompt through the model into a fresh KV cache, up to the
 host logits of the last position), and decode (ms per token: 8 cached one-token steps after a 64-token
@@ -116,8 +117,10 @@ def cell(values: list[float]) -> str:
     return f"{med * 1e3:8.1f} ±{spread:3.0f}%"
 
 
-def ratio(times, case, slow: str, fast: str) -> float:
-    return statistics.median(times[(case, slow)]) / statistics.median(times[(case, fast)])
+def ratio(times, case, slow: str, fast: str) -> str:
+    """The median of the per-repeat ratios (each repeat runs both back to back), and their range."""
+    paired = [a / b for a, b in zip(times[(case, slow)], times[(case, fast)], strict=True)]
+    return f"{statistics.median(paired):.2f}x ({min(paired):.2f}-{max(paired):.2f})"
 
 
 def print_table(title: str, times, labels: list[str], ratios: list[tuple[str, str, str]]) -> None:
@@ -127,7 +130,7 @@ def print_table(title: str, times, labels: list[str], ratios: list[tuple[str, st
     rows = [head]
     for case in cases:
         row = [case] + [cell(times[(case, label)]) for label in labels]
-        row += [f"{ratio(times, case, slow, fast):.2f}x" for _, slow, fast in ratios]
+        row += [ratio(times, case, slow, fast) for _, slow, fast in ratios]
         rows.append(row)
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     for r in rows:
