@@ -327,6 +327,8 @@ def _readinto(f: BinaryIO, buf: np.ndarray, info: TensorInfo, path: str | os.Pat
 
 def _read_tensor(f: BinaryIO, info: TensorInfo, path: str | os.PathLike[str], order: str = "C") -> np.ndarray:
     """Read one tensor as a float32 array in `order` ("C" or "F"; a single allocation for F32 C)."""
+    if order not in ("C", "F"):
+        raise ValueError(f"memory order for tensor '{info.name}' must be 'C' or 'F', got {order!r}")
     if order == "F" and len(info.shape) == 2:
         return _read_transposed(f, info, path)
     if info.dtype == "F32":

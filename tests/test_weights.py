@@ -148,6 +148,12 @@ def test_fortran_order_on_request(tmp_path, monkeypatch, dtype, chunk_rows):
         np.testing.assert_array_equal(array, expected[name], err_msg=name)
 
 
+def test_bad_memory_order_is_a_clear_error(tmp_path, cfg, sd):
+    path = write_hub_safetensors(tmp_path / "m.safetensors", sd, cfg)
+    with pytest.raises(ValueError, match=r"memory order for tensor '[\w.]+' must be 'C' or 'F', got 'T'"):
+        load_weights(path, cfg, lambda name: "T")
+
+
 def test_fortran_order_untied_lm_head(tmp_path, cfg, sd):
     head = sd["wte.weight"].copy()
     head[-1, -1] += 1.0
