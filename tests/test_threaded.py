@@ -36,7 +36,7 @@ from inferno.model import Gpt2
 TESTS = Path(__file__).resolve().parent
 THREAD_PREFIX = "inferno-cpu-threaded"
 # Every kernel through the pool, even at the conformance suite's small shapes.
-FORCED = {"min_rows": 1, "min_macs": 1, "min_elements": 1}
+FORCED = {"min_rows": 1, "min_macs": 1, "min_elements": 1, "fused_mlp_rows": 1}
 
 def helper_threads() -> list[str]:
     return [t.name for t in threading.enumerate() if t.name.startswith(THREAD_PREFIX)]
@@ -161,8 +161,9 @@ def test_linear_blocks_match_numpy(forced, rows, n_in, n_out):
                                atol=1e-4)
 
 
+@pytest.mark.parametrize("fused_mlp_rows", [1, 40, 10_000])  # row tiles always, from 120 rows, never
 @pytest.mark.parametrize("t", [1, 17, 150, 300])
-def test_compositions_match_numpy(forced, t):
+def test_compositions_match_numpy(t, fused_mlp_rows):
     rng = np.random.default_rng(t)
     c, h = 48, 4
     x = rng.standard_normal((2, t, c), dtype=np.float32)
@@ -170,13 +171,21 @@ def test_compositions_match_numpy(forced, t):
          for n, s in [("fc", (c, 4 * c)), ("pr", (4 * c, c)), ("at", (c, 3 * c)), ("ap", (c, c))]}
     b = {n: rng.standard_normal(w[n].shape[1], dtype=np.float32) for n in w}
     nb = NumpyBackend()
-    np.testing.assert_allclose(forced.mlp(x, w["fc"], b["fc"], w["pr"], b["pr"]),
-                               nb.mlp(x, w["fc"], b["fc"], w["pr"], b["pr"]), rtol=1e-5, atol=1e-5)
-    kv_n, kv_t = nb.new_kv_cache(2, h, t + 2, c // h), forced.new_kv_cache(2, h, t + 2, c // h)
-    y_n, kv_n = nb.self_attention(x, w["at"], b["at"], w["ap"], b["ap"], kv_n, 0, h)
-    y_t, kv_t = forced.self_attention(x, w["at"], b["at"], w["ap"], b["ap"], kv_t, 0, h)
-    np.testing.assert_allclose(y_t, y_n, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(kv_t[0], kv_n[0], rtol=1e-6, atol=1e-6)
+    with ThreadedBackend(threads=3, **{**FORCED, "fused_mlp_rows": fused_mlp_rows}) as forced:
+        np.testing.assert_allclose(forced.mlp(x, w["fc"], b["fc"], w["pr"], b["pr"]),
+                                   nb.mlp(x, w["fc"], b["fc"], w["pr"], b["pr"]), rtol=1e-5, atol=1e-5)
+        kv_n, kv_t = nb.new_kv_cache(2, h, t + 2, c // h), forced.new_kv_cache(2, h, t + 2, c // h)
+        y_n, kv_n = nb.self_attention(x, w["at"], b["at"], w["ap"], b["ap"], kv_n, 0, h)
+        y_t, kv_t = forced.self_attention(x, w["at"], b["at"], w["ap"], b["ap"], kv_t, 0, h)
+        np.testing.assert_allclose(y_t, y_n, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(kv_t[0], kv_n[0], rtol=1e-6, atol=1e-6)
+
+
+def test_fused_mlp_rows_option():
+    with ThreadedBackend(threads=2, fused_mlp_rows=7) as be:
+        assert be.fused_mlp_rows == 7
+    with pytest.raises(ValueError, match="fused_mlp_rows must be a positive integer, got 0"):
+        ThreadedBackend(threads=2, fused_mlp_rows=0)
 
 
 def greedy(model: Gpt2, prompt: list[int], n: int) -> list[int]:

@@ -10,6 +10,10 @@ workers (the calling thread is one of them), with BLAS single-threaded inside it
   row tiles of up to `ROW_TILE` tokens times blocks of weight columns, about `TASKS_PER_THREAD` blocks
   per thread, claimed dynamically (a thread the OS deschedules holds up one block, not half the op).
   The bias, and gelu for c_fc, are applied to each block while it is in cache;
+* the MLP, once there are `FUSED_MLP_ROWS` (256) tokens per thread, by row tiles instead: each task
+  takes its rows through c_fc, gelu and c_proj in one go (one barrier instead of two, and the hidden
+  block still in cache for c_proj; prefill 512 and 1000 2-5% faster on 2 cores: medians of 11 paired
+  runs, 1.05x and 1.05x in one A/B, 1.03x and 1.02x in another);
 * causal attention by (head group, query tile): a tile of 64 queries reads only the keys up to its last
   query, so the masked half of the T×T scores is never computed, and only the tile's own diagonal block
   is masked; the softmax's division is applied to the [64, D] output, not the [64, T] probabilities;
@@ -99,6 +103,7 @@ MIN_COLS = 64  # matmul weight columns per task at least
 MIN_TILE_ROWS = 64  # and rows
 TASKS_PER_THREAD = 2  # more tasks than threads, so that one descheduled thread does not hold up the rest
 QUERY_TILE = 64  # attention: queries per task; the causal mask wastes only QUERY_TILE²/2 scores per tile
+FUSED_MLP_ROWS = 256  # rows per thread from which a whole MLP runs by row tiles (see `mlp`)
 
 
 # ------------------------------------------------------------------------------------- worker count
@@ -336,10 +341,12 @@ class ThreadedBackend(NumpyBackend):
         min_rows: int = MIN_ROWS,
         min_macs: int = MIN_MACS,
         min_elements: int = MIN_ELEMENTS,
+        fused_mlp_rows: int = FUSED_MLP_ROWS,
     ) -> None:
         """`threads`: worker count (see `resolve_threads`). Below `min_rows` rows (tokens) or `min_macs`
         multiply-adds a matmul runs directly, below `min_elements` elements an elementwise kernel or the
-        attention scores do; 1, 1, 1 force the pool everywhere (for tests)."""
+        attention scores do; 1, 1, 1 force the pool everywhere (for tests). From `fused_mlp_rows` rows
+        per thread an MLP runs as row tiles through both of its matmuls."""
         super().__init__(dtype)
         from threadpoolctl import ThreadpoolController
 
@@ -347,6 +354,10 @@ class ThreadedBackend(NumpyBackend):
         self.min_rows = int(min_rows)
         self.min_macs = int(min_macs)
         self.min_elements = int(min_elements)
+        self.fused_mlp_rows = int(fused_mlp_rows)
+        if self.fused_mlp_rows < 1:
+            raise ValueError(f"cpu-threaded: fused_mlp_rows must be a positive integer, got "
+                             f"{fused_mlp_rows!r}")
         self._blas = ThreadpoolController().select(user_api="blas")
         blas_threads = max((lib.num_threads or 1 for lib in self._blas.lib_controllers), default=1)
         self._direct_limit = self.threads if self.threads < blas_threads else None
@@ -465,11 +476,30 @@ class ThreadedBackend(NumpyBackend):
         if self._numpy_path(x):
             return super().mlp(x, w_fc, b_fc, w_proj, b_proj)
         x2 = x.reshape(-1, x.shape[-1])
-        dtype = np.result_type(x, w_fc)
-        out = np.empty((x2.shape[0], w_proj.shape[1]), dtype=dtype)
-        h = np.empty((x2.shape[0], w_fc.shape[1]), dtype=dtype)
-        self._gemm(x2, w_fc, b_fc, h, post=_gelu_inplace)  # bias and gelu inside each c_fc block
-        self._gemm(h, w_proj, b_proj, out)
+        rows, dtype = x2.shape[0], np.result_type(x, w_fc)
+        out = np.empty((rows, w_proj.shape[1]), dtype=dtype)
+        per_thread = rows // (self.threads * self.fused_mlp_rows)
+        if self.threads > 1 and per_thread >= 1:
+            # Long prompts: a task takes whole rows through c_fc, gelu and c_proj, so its hidden block
+            # is still in cache for c_proj and the MLP has one barrier instead of two (2-5% faster
+            # prefill at 512 and 1000 tokens on 2 cores). Shorter: too few rows per task for BLAS.
+            tiles = _chunks(rows, self.threads * min(per_thread, TASKS_PER_THREAD))
+
+            def task(i: int) -> None:
+                r = tiles[i]
+                h = x2[r] @ w_fc
+                h += b_fc
+                _gelu_inplace(h)
+                o = out[r]
+                np.matmul(h, w_proj, out=o)
+                o += b_proj
+
+            with self._one_blas_thread():
+                self._pool.run(task, len(tiles))
+        else:
+            h = np.empty((rows, w_fc.shape[1]), dtype=dtype)
+            self._gemm(x2, w_fc, b_fc, h, post=_gelu_inplace)  # bias and gelu inside each c_fc block
+            self._gemm(h, w_proj, b_proj, out)
         return out.reshape(*x.shape[:-1], w_proj.shape[1])
 
     def self_attention(self, x, w_attn, b_attn, w_proj, b_proj, kv, offset, n_head):
