@@ -32,7 +32,7 @@ from collections.abc import Callable
 import numpy as np
 
 from inferno.backends.threaded import ThreadedBackend, usable_cores
-from inferno.bench import GPT2_124M, prompt_ids, random_weights, time_decode, time_prefill
+from inferno.bench import GPT2_124M, prompt_ids, random_weights, time_decode, time_prefill, weights_in_layout
 from inferno.model import Gpt2
 
 PREFILLS = (64, 512, 1000)
@@ -46,8 +46,11 @@ class Impl:
         self.label, self.prefill, self.decode, self.backend = label, prefill, decode, backend
 
 
+_LAYOUTS: dict = {}  # the weights once per memory layout, shared by the backends that want it
+
+
 def inferno_impl(label: str, backend, weights) -> Impl:
-    model = Gpt2.from_weights(GPT2_124M, weights, backend)
+    model = Gpt2.from_weights(GPT2_124M, weights_in_layout(weights, backend, _LAYOUTS), backend)
     return Impl(label, lambda ids: time_prefill(model, ids), lambda ids, n: time_decode(model, ids, n),
                 backend)
 

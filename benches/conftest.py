@@ -24,6 +24,9 @@ def backend(request):
     be.close()
 
 
+_LAYOUTS: dict = {}  # the weights once per memory layout, shared by the backends that want it
+
+
 @pytest.fixture(scope="session")
 def gpt2_weights() -> dict[str, np.ndarray]:
     return random_weights(GPT2_124M)
@@ -32,6 +35,7 @@ def gpt2_weights() -> dict[str, np.ndarray]:
 @pytest.fixture(scope="session")
 def gpt2_model(backend, gpt2_weights):
     """The 124M-shape model on `backend` (built once per backend)."""
+    from inferno.bench import weights_in_layout
     from inferno.model import Gpt2
 
-    return Gpt2.from_weights(GPT2_124M, gpt2_weights, backend)
+    return Gpt2.from_weights(GPT2_124M, weights_in_layout(gpt2_weights, backend, _LAYOUTS), backend)

@@ -183,6 +183,17 @@ def _load_weights(model_dir: str | None, seed: int, progress: _Progress) -> tupl
     return config, load_weights(Path(directory) / "model.safetensors", config), str(directory)
 
 
+def weights_in_layout(
+    weights: dict[str, np.ndarray], backend: Any, cache: dict[tuple[str, ...], dict[str, np.ndarray]]
+) -> dict[str, np.ndarray]:
+    """`weights` in the memory order `backend.weight_order` asks for, converted once per distinct layout
+    (in `cache`), so that backends wanting the same layout (numpy, cpu-threaded) share one copy."""
+    key = tuple(backend.weight_order(name) for name in weights)
+    if key not in cache:
+        cache[key] = {name: np.asarray(a, order=o) for (name, a), o in zip(weights.items(), key, strict=True)}
+    return cache[key]
+
+
 def run_bench(request: BenchRequest, progress: _Progress | None = None) -> dict[str, Any]:
     """Measure every backend of `request`; returns the report (what ``--json`` prints)."""
     from inferno.backends.registry import get_backend
@@ -215,10 +226,12 @@ def _run(request: BenchRequest, backends: dict[str, Any], progress: _Progress) -
 
     results = [BackendResult(spec) for spec in request.specs]
     models: dict[str, Any] = {}
+    layouts: dict[tuple[str, ...], dict[str, np.ndarray]] = {}
     for r in results:
         progress(f"loading {r.spec}")
         try:
-            models[r.spec] = Gpt2.from_weights(config, weights, backends[r.spec])
+            laid_out = weights_in_layout(weights, backends[r.spec], layouts)
+            models[r.spec] = Gpt2.from_weights(config, laid_out, backends[r.spec])
             for _ in range(request.warmup):
                 time_generation(models[r.spec], warm_ids, 2)
         except Exception as exc:  # noqa: BLE001 - one broken backend must not sink the others

@@ -14,7 +14,7 @@ from random_gpt2 import random_state_dict, small_config, write_config, write_hub
 
 from inferno.backends import registry
 from inferno.backends.numpy_backend import NumpyBackend
-from inferno.bench import GPT2_124M, random_weights, run_bench_cli, split_specs
+from inferno.bench import GPT2_124M, random_weights, run_bench_cli, split_specs, weights_in_layout
 
 TOKENIZER = Path(__file__).resolve().parents[1] / "gpt2" / "tokenizer.json"
 FAST = ["--prompt-tokens", "6", "--new-tokens", "3", "--repeat", "2", "--pause", "0", "--warmup", "0"]
@@ -170,6 +170,23 @@ def test_random_weights_have_the_124m_shape():
         k: tuple(v) for k, v in expected_shapes(GPT2_124M).items() if k != "lm_head.weight"}
     assert sum(v.size for v in weights.values()) == 124_439_808
     assert all(v.dtype == "float32" and v.flags.c_contiguous for v in weights.values())
+
+
+def test_backends_wanting_one_layout_share_one_copy_of_the_weights():
+    from inferno.backends.array_api import ArrayApiBackend
+    from inferno.backends.threaded import ThreadedBackend
+
+    config = small_config()
+    weights = random_state_dict(config, 1)
+    layouts: dict = {}
+    with ThreadedBackend(threads=2) as threaded:
+        for_numpy = weights_in_layout(weights, NumpyBackend(), layouts)
+        assert weights_in_layout(weights, threaded, layouts) is for_numpy  # converted once, shared
+    assert for_numpy["wte.weight"].flags.f_contiguous and for_numpy["h.0.mlp.c_fc.weight"] is weights[
+        "h.0.mlp.c_fc.weight"]  # only what the layout changes is copied
+    for_array_api = weights_in_layout(weights, ArrayApiBackend(), layouts)
+    assert all(for_array_api[k] is weights[k] for k in weights)  # all row-major: the arrays as given
+    assert len(layouts) == 2
 
 
 def test_through_the_inferno_command(model_dir, tmp_path):
