@@ -189,8 +189,8 @@ def measure_speed(backend: str, repeat: int) -> tuple[dict[str, list[float]], in
             hf(torch.tensor([prefill_prompt]), use_cache=True, logits_to_keep=1).logits.numpy()
             return time.perf_counter() - start
 
-    # 1 GiB, far beyond any cache, of random values: a constant buffer read up to 59 GB/s late in a run
-    # here (1.6x what distinct data allows), as if the host had merged its identical pages.
+    # 1 GiB, far beyond any cache, of random values (so that no page sharing or compression on the
+    # host can make the probe read less than it claims).
     buffer = np.random.default_rng(0).random(256 * 1024 * 1024, dtype=np.float32)
     cases = {"ours_decode": ours_decode, "hf_decode": hf_decode, "ours_prefill": ours_prefill,
              "hf_prefill": hf_prefill}

@@ -197,6 +197,27 @@ def test_numpy_backend_loads_decode_weights_transposed(greedy_pipeline):
         assert blk.attn_w.flags.c_contiguous and blk.fc_w.flags.c_contiguous
 
 
+@pytest.mark.parametrize("backend", ["numpy", "cpu-threaded:threads=2"])
+def test_load_hands_the_loaders_arrays_over_without_a_copy(tmp_path, monkeypatch, backend):
+    import inferno.api
+
+    loaded = {}
+
+    def spy(*args, **kwargs):
+        loaded.update(load_weights(*args, **kwargs))
+        return loaded
+
+    monkeypatch.setattr(inferno.api, "load_weights", spy)
+    config = small_config(vocab_size=50257, n_positions=32, n_embd=16, n_layer=2, n_head=2)
+    directory = write_model_dir(tmp_path, config, random_state_dict(config, 3))
+    model = inferno.load(directory, backend, download=False).model
+    assert model.wte is loaded["wte.weight"] and model.wte.flags.f_contiguous and model.lm_head_w is model.wte
+    for i, b in enumerate(model.blocks):
+        assert b.proj_w is loaded[f"h.{i}.mlp.c_proj.weight"] and b.proj_w.flags.f_contiguous
+        assert b.attn_w is loaded[f"h.{i}.attn.c_attn.weight"] and b.attn_w.flags.c_contiguous
+    model.backend.close()
+
+
 def test_numpy_prepare_weight_copies_only_to_change_layout():
     be = NumpyBackend()
     a = np.asfortranarray(np.arange(12, dtype=np.float32).reshape(3, 4))

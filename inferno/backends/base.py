@@ -1,9 +1,9 @@
 """The `Backend` protocol: the kernels GPT-2 is written against.
 
 Every kernel takes backend arrays and returns backend arrays, contiguous and row-major (weights are in
-the layout the backend's own `prepare_weight` chose). A backend owns its
-array type: host NumPy arrays cross the boundary only through `from_numpy` (weights at load, token ids)
-and `to_numpy` (the logits of the position being sampled). Batch is the leading dimension everywhere.
+the layout the backend's own `prepare_weight` chose). A backend owns its array type: host NumPy arrays
+cross the boundary only through `from_numpy` (weights at load, token ids) and `to_numpy` (the logits of
+the position being sampled). Batch is the leading dimension everywhere.
 
 Shapes use B = batch, T = query positions in this call, L = positions in the KV cache, C = n_embd,
 H = n_head, D = C // H (head size), V = vocabulary size, P = n_positions.

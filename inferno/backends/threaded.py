@@ -469,7 +469,7 @@ class ThreadedBackend(NumpyBackend):
             return super().lm_head(x, wte)
         x2 = x.reshape(-1, x.shape[-1])
         out = np.empty((x2.shape[0], wte.shape[0]), dtype=np.result_type(x, wte))
-        self._gemm(x2, wte.T, None, out)  # column blocks of wte.T: strided views, as fast as copies
+        self._gemm(x2, wte.T, None, out)  # column blocks of wte.T are views: no copy of the 150 MB
         return out.reshape(*x.shape[:-1], wte.shape[0])
 
     def mlp(self, x, w_fc, b_fc, w_proj, b_proj):
@@ -483,7 +483,10 @@ class ThreadedBackend(NumpyBackend):
             # Long prompts: a task takes whole rows through c_fc, gelu and c_proj, so its hidden block
             # is still in cache for c_proj and the MLP has one barrier instead of two (2-5% faster
             # prefill at 512 and 1000 tokens on 2 cores). Shorter: too few rows per task for BLAS.
-            tiles = _chunks(rows, self.threads * min(per_thread, TASKS_PER_THREAD))
+            # One or TASKS_PER_THREAD tiles per thread: more would be shorter than fused_mlp_rows. At
+            # most ROW_TILE rows each (many rows on few threads), so a hidden block stays ~6 MB.
+            tiles = _chunks(rows, max(self.threads * min(per_thread, TASKS_PER_THREAD),
+                                      math.ceil(rows / ROW_TILE)))
 
             def task(i: int) -> None:
                 r = tiles[i]
