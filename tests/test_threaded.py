@@ -48,6 +48,12 @@ def forced():
         yield be
 
 
+def assert_pool_runs_every_task(pool: WorkerPool) -> None:
+    done = []
+    pool.run(done.append, 10)
+    assert sorted(done) == list(range(10))
+
+
 def run_script(body: str, timeout: float = 60, **kwargs) -> subprocess.CompletedProcess:
     code = f"import sys\nsys.path.insert(0, {str(TESTS)!r})\n" + textwrap.dedent(body)
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,
@@ -272,9 +278,7 @@ def test_exception_in_a_helper_reaches_the_caller_and_the_pool_survives():
     try:
         with pytest.raises(ArithmeticError, match="failed in a helper"):
             pool.run(task, 20)
-        done = []
-        pool.run(done.append, 10)
-        assert sorted(done) == list(range(10))
+        assert_pool_runs_every_task(pool)
     finally:
         pool.close()
     assert not any(t.is_alive() for t in pool._helpers)
@@ -299,9 +303,7 @@ def test_keyboard_interrupt_in_the_caller_leaves_the_pool_usable():
     try:
         with pytest.raises(KeyboardInterrupt):
             pool.run(task, 50)
-        done = []
-        pool.run(done.append, 10)
-        assert sorted(done) == list(range(10))
+        assert_pool_runs_every_task(pool)
     finally:
         pool.close()
 
