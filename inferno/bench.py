@@ -187,7 +187,8 @@ def weights_in_layout(
     weights: dict[str, np.ndarray], backend: Any, cache: dict[tuple[str, ...], dict[str, np.ndarray]]
 ) -> dict[str, np.ndarray]:
     """`weights` in the memory order `backend.weight_order` asks for, converted once per distinct layout
-    (in `cache`), so that backends wanting the same layout (numpy, cpu-threaded) share one copy."""
+    (in `cache`, which belongs to this one `weights` dict), so that backends wanting the same layout
+    (numpy, cpu-threaded) share one copy."""
     key = tuple(backend.weight_order(name) for name in weights)
     if key not in cache:
         cache[key] = {name: np.asarray(a, order=o) for (name, a), o in zip(weights.items(), key, strict=True)}
