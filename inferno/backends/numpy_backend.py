@@ -7,10 +7,10 @@ written in place (no per-step concatenation), and the LM head read from `wte` wi
 Weight layout. A decode step is one GEMV per weight matrix, bound by how fast BLAS streams the weights
 from memory, and OpenBLAS streams some shapes faster from the transposed layout: the two c_proj weights
 and `wte` (whose transpose is the LM head) are kept in Fortran order, the rest as the file has them.
-Shapes and values are unchanged, only strides differ. Measured with 124M-shape random weights, 8-token
-prompt, 128 greedy tokens, medians of 7 interleaved runs on 2 cores: 22.0 ms/token with every weight
-row-major, 17.6 ms/token like this, 19.2 ms/token with every matrix transposed; prefill 64 and 512
-unchanged within noise.
+Shapes and values are unchanged, only strides differ. `python benches/weight_layout.py` (124M-shape
+random weights, 128 greedy tokens, interleaved, 2 cores): 23.5 ms/token with every matrix row-major,
+19.0 like this (1.16x, median of paired repeats; 1.16x in a second run), 19.5 with every matrix
+transposed; prefill 64 and 512 unchanged within noise.
 """
 
 from __future__ import annotations
