@@ -11,13 +11,16 @@ from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
-__all__ = ["Backend", "GenerationResult", "Gpt2Config", "Pipeline", "Tokenizer", "load", "__version__"]
+__all__ = ["Backend", "GenerationOptions", "GenerationResult", "Gpt2Config", "Pipeline", "ScoreResult",
+           "Tokenizer", "load", "__version__"]
 
 # Imported lazily so that `import inferno` (and `inferno --help`) stays cheap.
 _LAZY = {
     "load": "inferno.api",
     "Pipeline": "inferno.api",
     "GenerationResult": "inferno.generate",
+    "GenerationOptions": "inferno.options",
+    "ScoreResult": "inferno.scoring",
     "Gpt2Config": "inferno.config",
     "Tokenizer": "inferno.tokenizer",
     "Backend": "inferno.backends.base",
@@ -28,6 +31,8 @@ if TYPE_CHECKING:
     from inferno.backends.base import Backend
     from inferno.config import Gpt2Config
     from inferno.generate import GenerationResult
+    from inferno.options import GenerationOptions
+    from inferno.scoring import ScoreResult
     from inferno.tokenizer import Tokenizer
 
 

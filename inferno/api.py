@@ -5,6 +5,8 @@
     print(model.generate("The quick brown fox", max_new_tokens=20).text)
     for piece in model.stream("Once upon a time", max_new_tokens=50, temperature=0.8, top_k=40, seed=1):
         print(piece, end="", flush=True)
+    model.generate("Q: 2+2?\nA:", stop=["\n"], logprobs=5).logprobs
+    model.score("The quick brown fox jumps over the lazy dog.").perplexity
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from inferno.config import Gpt2Config
 from inferno.generate import GenerationResult, TokenStream, check_ids, generate_tokens
 from inferno.hub import resolve_model_dir
 from inferno.model import Gpt2
-from inferno.sampling import SamplingParams
+from inferno.options import GenerationOptions, OptionError
+from inferno.scoring import ScoreResult, score_ids
 from inferno.tokenizer import Tokenizer
 from inferno.weights import load_weights
 
@@ -53,51 +56,69 @@ class Pipeline:
         out = self.model.forward(np.asarray([ids]), all_logits=True)
         return self.backend.to_numpy(out)[0]
 
+    @property
+    def sample_limit(self) -> int:
+        """Ids below this may be generated: a vocabulary padded past the tokenizer's (as some exports do)
+        must not yield ids that cannot be decoded."""
+        return min(self.config.vocab_size, self.tokenizer.vocab_size)
+
     def tokens(
         self,
         prompt: str | Sequence[int],
         max_new_tokens: int = 50,
-        temperature: float = 0.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
-        seed: int | None = None,
+        *,
         stop_at_eos: bool = True,
+        options: GenerationOptions | None = None,
+        **option_kwargs,
     ) -> TokenStream:
-        """An iterator over new token ids; its `finish_reason` is set when it ends."""
-        params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        """A stream of new tokens: iterate it for ids, or `steps()` for ids with their text and logprobs;
+        its `finish_reason` is set when it ends, and `result()` gives the `GenerationResult`.
+
+        Options are `options` or keywords (see `GenerationOptions`): temperature=0.0 (greedy), top_k=0,
+        top_p=1.0, seed=None, stop=(), stop_ids=(), repetition_penalty=1.0, presence_penalty=0.0,
+        frequency_penalty=0.0, logit_bias={}, logprobs=None.
+        """
+        if options is not None and option_kwargs:
+            raise OptionError(sorted(option_kwargs)[0], "cannot be given together with options=")
+        options = options or GenerationOptions.from_kwargs(**option_kwargs)
         stop = (self.config.eos_token_id,) if stop_at_eos else ()
-        # A vocabulary padded past the tokenizer's (as some exports do) must not yield undecodable ids.
-        limit = min(self.config.vocab_size, self.tokenizer.vocab_size)
-        return generate_tokens(self.model, self.encode(prompt), max_new_tokens, params, stop, limit)
+        return generate_tokens(self.model, self.encode(prompt), max_new_tokens, options, stop,
+                               self.sample_limit, self.tokenizer.incremental_decoder())
 
     def stream(self, prompt: str | Sequence[int], **kwargs) -> Iterator[str]:
-        """Yield text pieces as tokens arrive (same arguments as `generate`).
+        """Yield text pieces as tokens arrive (same arguments as `generate`); they join to its text.
 
-        A multi-byte character split across tokens is held back until complete. The stop token
-        itself is not yielded as text.
+        A multi-byte character split across tokens is held back until complete, and so is text that
+        could still turn out to be the start of a stop string. Neither the stop token nor a stop string
+        is yielded.
         """
-        stream = self.tokens(prompt, **kwargs)
-        decoder = self.tokenizer.incremental_decoder()
-        for token in stream:
-            if token in stream.stop_ids:
-                continue  # the stream ends right after it
-            piece = decoder.feed(token)
-            if piece:
-                yield piece
-        tail = decoder.flush()
-        if tail:
-            yield tail
+        for step in self.tokens(prompt, **kwargs).steps():
+            if step.text:
+                yield step.text
 
     def generate(self, prompt: str | Sequence[int], **kwargs) -> GenerationResult:
-        """Generate and return the whole result (new ids, text, finish reason, timing).
+        """Generate and return the whole result (new ids, text, finish reason, logprobs, timing).
 
-        Keyword arguments: max_new_tokens=50, temperature=0.0 (greedy), top_k=0 (off), top_p=1.0
-        (off), seed=None, stop_at_eos=True.
+        Keyword arguments: max_new_tokens=50, stop_at_eos=True, and the generation options (see
+        `tokens`).
         """
         start = time.perf_counter()
         stream = self.tokens(prompt, **kwargs)
-        ids = list(stream)
-        return stream.result(ids, self.tokenizer.decode, time.perf_counter() - start)
+        for _ in stream.steps():
+            pass
+        return stream.result(time.perf_counter() - start)
+
+    def score(
+        self, text: str | Sequence[int], stride: int | None = None, *, top_logprobs: int = 0
+    ) -> ScoreResult:
+        """The log-probability of every token of `text` (text or ids) given the ones before it, and the
+        perplexity. Longer texts than the context go through a sliding window (`stride`, default half
+        the context; see `inferno.scoring`). `top_logprobs=N` also gives the N most likely tokens at
+        each position. The text is encoded as it is (no <|endoftext|> is prepended): its first token
+        has no log-probability.
+        """
+        ids = self.tokenizer.encode(text) if isinstance(text, str) else list(text)
+        return score_ids(self.model, ids, stride, top_logprobs, self.sample_limit)
 
 
 def load(

@@ -1,8 +1,9 @@
 """The generation loop: prefill the prompt, then one cached decode step per new token.
 
-`generate_tokens` yields token ids as they are chosen and leaves the finish reason on the iterator:
-"stop" when a stop id (by default ``<|endoftext|>``) was produced, "length" when `max_new_tokens` or the
-model's context (n_positions) ran out.
+`generate_tokens` returns a `TokenStream`: iterate it for token ids, or call `steps()` for what each step
+produced (id, released text, logprob, finish reason). The options (`inferno.options`) decide every
+token; the stream ends with finish reason "stop" (a stop id such as ``<|endoftext|>``, or a stop
+string) or "length" (`max_new_tokens` or the model's context, n_positions, ran out).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import numpy as np
 
 from inferno.config import Gpt2Config
 from inferno.model import Gpt2
-from inferno.sampling import Sampler, SamplingParams
+from inferno.options import GenerationOptions, SequenceState, Step, TextDecoder, TokenLogprob
+from inferno.sampling import SamplingParams
 
 
 class GenerationError(ValueError):
@@ -29,11 +31,13 @@ class ContextLengthError(GenerationError):
 @dataclass
 class GenerationResult:
     prompt_ids: list[int]
-    ids: list[int]  # the new ids, including the stop id when finish_reason is "stop"
-    text: str  # the decoded new text, without the stop token
+    ids: list[int]  # the new ids, including the stop id or the token that completed a stop string
+    text: str  # the new text, without the stop token or stop string (and nothing after it)
     finish_reason: str  # "stop" or "length"
     seconds: float = 0.0
     backend: str = ""
+    logprobs: list[TokenLogprob] | None = None  # one per new id, when asked for
+    stop_reason: str | int | None = None  # the stop string or stop id that ended it
 
     @property
     def new_tokens(self) -> int:
@@ -43,53 +47,76 @@ class GenerationResult:
     def tokens_per_second(self) -> float:
         return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
 
-    def to_dict(self) -> dict:
-        """The CLI's --json object."""
-        return {"prompt_ids": self.prompt_ids, "ids": self.ids, "text": self.text,
-                "finish_reason": self.finish_reason, "backend": self.backend, "new_tokens": self.new_tokens,
-                "seconds": round(self.seconds, 6), "tokens_per_second": round(self.tokens_per_second, 3)}
+    def to_dict(self, token_text: Callable[[int], str] | None = None) -> dict:
+        """The CLI's --json object; `token_text` (id → text) adds each logprob entry's text."""
+        out = {"prompt_ids": self.prompt_ids, "ids": self.ids, "text": self.text,
+               "finish_reason": self.finish_reason, "stop_reason": self.stop_reason, "backend": self.backend,
+               "new_tokens": self.new_tokens, "seconds": round(self.seconds, 6),
+               "tokens_per_second": round(self.tokens_per_second, 3)}
+        if self.logprobs is not None:
+            out["logprobs"] = [lp.to_dict(token_text) for lp in self.logprobs]
+        return out
 
 
 @dataclass
 class TokenStream:
-    """Iterator over new token ids; `finish_reason` is set once it is exhausted."""
+    """Iterator over new token ids; `finish_reason` is set once it is exhausted.
+
+    With a `decoder` the stream also tracks the text (`steps()` gives each step's released piece), which
+    stop strings need.
+    """
 
     model: Gpt2
     prompt_ids: list[int]
     max_new_tokens: int
-    params: SamplingParams = field(default_factory=SamplingParams)
-    stop_ids: frozenset[int] = frozenset()
+    options: GenerationOptions = field(default_factory=GenerationOptions)
+    #: Ids that end the sequence besides the options' own stop_ids (the pipeline adds <|endoftext|>).
+    extra_stop_ids: frozenset[int] = frozenset()
     #: Sample only among ids below this (a model whose vocabulary is padded past the tokenizer's).
     sample_limit: int | None = None
-    finish_reason: str | None = None
+    decoder: TextDecoder | None = None
+    state: SequenceState = field(init=False)
 
-    def __iter__(self) -> Iterator[int]:
+    def __post_init__(self) -> None:
+        self.state = SequenceState(self.options, self.prompt_ids, self.decoder, self.extra_stop_ids)
+
+    @property
+    def stop_ids(self) -> frozenset[int]:
+        return self.state.stop_ids
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.state.finish_reason
+
+    def steps(self) -> Iterator[Step]:
+        """Each new token as a `Step`; the last one carries the finish reason and any held-back text."""
         n_pos = self.model.config.n_positions
         prompt = self.prompt_ids
         # The sequence (prompt + new tokens) may not exceed the context window.
         budget = min(int(self.max_new_tokens), n_pos - len(prompt))
         if budget <= 0:
-            self.finish_reason = "length"
+            self.state.finish("length")
             return
-        sample = Sampler(self.params)
         # The last new token is never fed back, so the cache needs room for one position less.
         cache = self.model.new_cache(1, len(prompt) + budget - 1)
         logits = self.model.forward(np.asarray([prompt]), cache)
-        for step in range(budget):
-            token = sample(self.model.backend.to_numpy(logits)[0, : self.sample_limit])
-            yield token
-            if token in self.stop_ids:
-                self.finish_reason = "stop"
+        for i in range(budget):
+            step = self.state.step(self.model.backend.to_numpy(logits)[0, : self.sample_limit],
+                                   last=i + 1 == budget)
+            yield step
+            if step.finish_reason is not None:
                 return
-            if step + 1 < budget:
-                logits = self.model.forward(np.asarray([[token]]), cache)
-        self.finish_reason = "length"
+            logits = self.model.forward(np.asarray([[step.id]]), cache)
 
-    def result(self, ids: list[int], decode: Callable[[list[int]], str], seconds: float) -> GenerationResult:
-        """The finished generation of `ids` (as yielded); its text leaves out the stop token."""
-        finish = self.finish_reason or "length"
-        text = decode(ids[:-1] if finish == "stop" else ids)
-        return GenerationResult(self.prompt_ids, ids, text, finish, seconds, self.model.backend.name)
+    def __iter__(self) -> Iterator[int]:
+        for step in self.steps():
+            yield step.id
+
+    def result(self, seconds: float = 0.0) -> GenerationResult:
+        """The generation so far (all of it once the stream is exhausted)."""
+        s = self.state
+        return GenerationResult(self.prompt_ids, list(s.ids), s.text, s.finish_reason or "length", seconds,
+                                self.model.backend.name, s.logprobs, s.stop_reason)
 
 
 def check_ids(ids: Sequence[int], config: Gpt2Config) -> list[int]:
@@ -111,13 +138,19 @@ def generate_tokens(
     model: Gpt2,
     prompt_ids: Sequence[int],
     max_new_tokens: int,
-    params: SamplingParams | None = None,
+    options: GenerationOptions | SamplingParams | None = None,
     stop_ids: Iterable[int] = (),
     sample_limit: int | None = None,
+    decoder: TextDecoder | None = None,
 ) -> TokenStream:
-    """Stream new token ids for one prompt (batch 1). Validates the prompt and the budget first."""
+    """Stream new token ids for one prompt (batch 1). Validates the prompt, the budget and the options'
+    token ids first. `stop_ids` end the stream in addition to the options' own."""
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, Integral) or max_new_tokens < 0:
         raise GenerationError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
     prompt = check_ids(prompt_ids, model.config)
-    return TokenStream(model, prompt, max_new_tokens, params or SamplingParams(), frozenset(stop_ids),
-                       sample_limit)
+    if isinstance(options, SamplingParams):
+        p = options
+        options = GenerationOptions(temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, seed=p.seed)
+    options = options or GenerationOptions()
+    options.check_vocab(model.config.vocab_size if sample_limit is None else sample_limit)
+    return TokenStream(model, prompt, max_new_tokens, options, frozenset(stop_ids), sample_limit, decoder)

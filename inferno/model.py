@@ -77,17 +77,24 @@ class Gpt2:
         layers = [self.backend.new_kv_cache(batch, c.n_head, capacity, c.head_dim) for _ in range(c.n_layer)]
         return KvCache(layers, capacity)
 
-    def forward(self, ids: np.ndarray, cache: KvCache | None = None, *, all_logits: bool = False) -> Array:
+    def forward(
+        self, ids: np.ndarray, cache: KvCache | None = None, *, all_logits: bool = False,
+        last: int | None = None,
+    ) -> Array:
         """Run `ids` ([B, T] ints, or [T]) through the model, appending them to `cache`.
 
-        Returns logits [B, V] for the last position (what generation needs), or [B, T, V] when
-        `all_logits`. Without a cache, a temporary one of exactly T positions is used.
+        Returns logits [B, V] for the last position (what generation needs), [B, last, V] for the last
+        `last` positions (what scoring needs), or [B, T, V] when `all_logits`. Without a cache, a
+        temporary one of exactly T positions is used.
         """
         be, c = self.backend, self.config
         ids = np.asarray(ids, dtype=np.int64)
         if ids.ndim == 1:
             ids = ids[None, :]
         t = ids.shape[1]
+        if last is not None and not 1 <= last <= t:
+            raise ValueError(f"logits of the last {last} positions asked of {t} positions")
+        keep = t if all_logits else (last or 1)
         if cache is None:
             cache = self.new_cache(ids.shape[0], t)
         offset = cache.length
@@ -102,15 +109,15 @@ class Gpt2:
                 h, blk.attn_w, blk.attn_b, blk.attn_proj_w, blk.attn_proj_b, cache.layers[i], offset, c.n_head
             )
             x = be.add(x, h)
-            if i == c.n_layer - 1 and not all_logits:
-                # Only the last position is sampled: past the last attention (which filled the cache
-                # for every position) nothing else is needed, not the MLP and not the LM head.
-                x = x[:, t - 1 :]
+            if i == c.n_layer - 1 and keep < t:
+                # Only the positions whose logits are wanted go on: past the last attention (which
+                # filled the cache for every position) the others need neither the MLP nor the LM head.
+                x = x[:, t - keep :]
             h = be.layernorm(x, blk.ln_2_g, blk.ln_2_b, c.layer_norm_epsilon)
             x = be.add(x, be.mlp(h, blk.fc_w, blk.fc_b, blk.proj_w, blk.proj_b))
         cache.length = offset + t
 
-        if not all_logits:
+        if not all_logits and last is None:
             x = x[:, 0]
         x = be.layernorm(x, self.ln_f_g, self.ln_f_b, c.layer_norm_epsilon)
         return be.lm_head(x, self.lm_head_w)

@@ -68,8 +68,8 @@ def test_json_output(model_dir, env, pipe):
                 "--preset", "sample", "--seed", "3"], env)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)  # exactly one object, nothing else on stdout
-    assert set(out) == {"prompt_ids", "ids", "text", "finish_reason", "backend", "new_tokens", "seconds",
-                        "tokens_per_second"}
+    assert set(out) == {"prompt_ids", "ids", "text", "finish_reason", "stop_reason", "backend", "new_tokens",
+                        "seconds", "tokens_per_second"}
     expected = pipe.generate("Hello, world!", max_new_tokens=6, temperature=0.8, top_k=40, seed=3)
     assert out["prompt_ids"] == pipe.tokenizer.encode("Hello, world!")
     assert out["ids"] == expected.ids and out["text"] == expected.text

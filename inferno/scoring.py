@@ -1,0 +1,102 @@
+"""Scoring text: the log-probability the model gives each token, and the perplexity.
+
+Texts longer than the context are scored with a sliding window exactly as the Hugging Face perplexity
+guide defines it (https://huggingface.co/docs/transformers/perplexity): windows of the context length
+start every `stride` tokens, and each token is scored once, in the first window that predicts it, with
+all the context that window gives it. Each window is one batched forward pass, not a token-by-token loop.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from numbers import Integral
+
+import numpy as np
+
+from inferno.model import Gpt2
+from inferno.options import log_softmax, top_logprobs
+
+#: Rows of logits turned into float64 log-probabilities at a time (bounds the float64 copies).
+ROWS_PER_CHUNK = 64
+
+
+class ScoringError(ValueError):
+    """A bad scoring request (too few tokens, a bad stride); the message says which."""
+
+
+@dataclass
+class ScoreResult:
+    ids: list[int]
+    logprobs: list[float | None]  # log P(ids[i] | ids[:i]); the first token has no context: None
+    total_logprob: float  # the sum of the logprobs
+    perplexity: float  # exp(-total_logprob / (len(ids) - 1))
+    stride: int
+    top: list[list[tuple[int, float]] | None] | None = None  # with top_logprobs=N: per token, like logprobs
+
+    def to_dict(self) -> dict:
+        out = {"ids": self.ids, "logprobs": self.logprobs, "total_logprob": self.total_logprob,
+               "perplexity": self.perplexity, "stride": self.stride}
+        if self.top is not None:
+            out["top"] = [None if t is None else [{"id": i, "logprob": lp} for i, lp in t] for t in self.top]
+        return out
+
+
+def windows(n_tokens: int, context: int, stride: int) -> list[tuple[int, int, int]]:
+    """(begin, end, first target) of each window, as the Hugging Face perplexity guide's loop makes them:
+    tokens begin..end-1 are the window's input, first..end-1 the tokens it scores."""
+    out, prev_end = [], 0
+    for begin in range(0, n_tokens, stride):
+        end = min(begin + context, n_tokens)
+        out.append((begin, end, max(prev_end, begin + 1)))
+        prev_end = end
+        if end == n_tokens:
+            break
+    return out
+
+
+def check_stride(stride, context: int) -> int:
+    # A stride of the whole context would leave each later window's first token without a prediction.
+    if isinstance(stride, bool) or not isinstance(stride, Integral) or not 1 <= stride < context:
+        raise ScoringError(f"stride must be an integer in [1, {context - 1}] (below the context), "
+                           f"got {stride!r}")
+    return int(stride)
+
+
+def score_ids(model: Gpt2, ids: Sequence[int], stride: int | None = None, top_logprobs_n: int = 0,
+              sample_limit: int | None = None) -> ScoreResult:
+    """Score `ids` (any length; >= 2 tokens). `stride` defaults to half the context.
+
+    `sample_limit` restricts the distribution to the ids below it (a vocabulary padded past the
+    tokenizer's), as generation does.
+    """
+    c = model.config
+    ids = [int(i) for i in ids]
+    if len(ids) < 2:
+        raise ScoringError(f"scoring needs at least 2 tokens (the first has no context), got {len(ids)}")
+    limit = c.vocab_size if sample_limit is None else min(sample_limit, c.vocab_size)
+    bad = [i for i in ids if not 0 <= i < limit]
+    if bad:
+        raise ScoringError(f"token id {bad[0]} is outside the vocabulary [0, {limit})")
+    stride = check_stride(c.n_positions // 2 if stride is None else stride, c.n_positions)
+    if isinstance(top_logprobs_n, bool) or not isinstance(top_logprobs_n, Integral) or top_logprobs_n < 0:
+        raise ScoringError(f"top_logprobs must be an integer >= 0, got {top_logprobs_n!r}")
+
+    logprobs: list[float | None] = [None] * len(ids)
+    top: list[list[tuple[int, float]] | None] | None = [None] * len(ids) if top_logprobs_n else None
+    be = model.backend
+    for begin, end, first in windows(len(ids), c.n_positions, stride):
+        # Position j predicts token j + 1: the window's last token is input to nothing, so leave it out.
+        window = np.asarray([ids[begin : end - 1]])
+        logits = be.to_numpy(model.forward(window, last=end - first))[0, :, :sample_limit]
+        targets = np.asarray(ids[first:end])
+        for r in range(0, len(targets), ROWS_PER_CHUNK):
+            lp = log_softmax(logits[r : r + ROWS_PER_CHUNK])
+            chosen = lp[np.arange(lp.shape[0]), targets[r : r + ROWS_PER_CHUNK]]
+            for k, value in enumerate(chosen.tolist()):
+                logprobs[first + r + k] = value
+                if top is not None:
+                    top[first + r + k] = top_logprobs(lp[k], top_logprobs_n)
+    total = math.fsum(lp for lp in logprobs if lp is not None)
+    return ScoreResult(ids, logprobs, total, math.exp(-total / (len(ids) - 1)), stride, top)
