@@ -107,7 +107,7 @@ def test_backends_table(env):
 
 
 @pytest.mark.parametrize(
-    ("flags", "needle"),
+    ("flags", "needles"),
     [
         (["--temperature", "-1"], "--temperature"),
         (["--temperature", "nan"], "--temperature"),
@@ -127,10 +127,21 @@ def test_backends_table(env):
         (["--seed", "-1"], "--seed"),
         (["--backend", "numpy:dtype"], "key=value"),
         (["--backend", ""], "no name"),
+        (["--repetition-penalty", "0"], "--repetition-penalty: must be > 0"),
+        (["--presence-penalty", "2.5"], "--presence-penalty: must be >= -2 and <= 2"),
+        (["--frequency-penalty", "x"], "--frequency-penalty"),
+        (["--logit-bias", "50256"], ("--logit-bias", "ID=BIAS")),
+        (["--logit-bias", "50256=-101"], "--logit-bias: must be >= -100"),
+        (["--logit-bias", "60000=1"], ("logit_bias", "60000")),  # past the vocabulary: known once loaded
+        (["--logprobs", "3"], ("--logprobs", "--json")),
+        (["--logprobs", "21", "--json"], "--logprobs: must be an integer in [0, 20]"),
+        (["--stop", ""], "--stop: must hold non-empty strings"),
+        (["--stop", "a"] * 17, "--stop: takes at most 16"),
     ],
 )
-def test_bad_flags(model_dir, env, flags, needle):
-    assert_one_line_error(run(["Hi", "--model-dir", str(model_dir), *flags], env), needle)
+def test_bad_flags(model_dir, env, flags, needles):
+    needles = (needles,) if isinstance(needles, str) else needles
+    assert_one_line_error(run(["Hi", "--model-dir", str(model_dir), *flags], env), *needles)
 
 
 def test_missing_weights_offline(tmp_path, env):
@@ -234,3 +245,75 @@ def test_model_dir_that_is_a_file(tmp_path, env):
     path = tmp_path / "model.safetensors"
     path.write_bytes(b"not a folder")
     assert_one_line_error(run(["Hi", "--model-dir", str(path)], env), str(path), "is a file")
+
+
+def test_stop_and_penalty_flags(model_dir, env, pipe):
+    kwargs = dict(max_new_tokens=16, temperature=1.0, seed=4, stop_at_eos=False, repetition_penalty=1.2,
+                  presence_penalty=0.5, frequency_penalty=-0.5, logit_bias={11: -100, 13: 2.5})
+    plain = pipe.generate("Hi", **kwargs)
+    stop = plain.text[5:8]
+    expected = pipe.generate("Hi", stop=[stop, "\n\n"], **kwargs)
+    assert expected.finish_reason == "stop" and expected.text == plain.text[:5]
+    args = ["Hi", "--model-dir", str(model_dir), "--max-new-tokens", "16", "--temperature", "1",
+            "--seed", "4", "--ignore-eos", "--stop", stop, "--stop", "\\n\\n", "--repetition-penalty", "1.2",
+            "--presence-penalty", "0.5", "--frequency-penalty", "-0.5", "--logit-bias", "11=-100",
+            "--logit-bias", "13=2.5"]
+    proc = run(args, env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == expected.text + "\n"
+    out = json.loads(run([*args, "--json"], env).stdout)
+    assert out["ids"] == expected.ids and out["finish_reason"] == expected.finish_reason
+    assert out["stop_reason"] == expected.stop_reason
+
+
+def test_json_logprobs(model_dir, env, pipe):
+    proc = run(["Hello", "--model-dir", str(model_dir), "--max-new-tokens", "4", "--ignore-eos", "--json",
+                "--logprobs", "2"], env)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    expected = pipe.generate("Hello", max_new_tokens=4, stop_at_eos=False, logprobs=2)
+    assert [e["id"] for e in out["logprobs"]] == out["ids"] == expected.ids
+    for entry, lp in zip(out["logprobs"], expected.logprobs, strict=True):
+        text = pipe.tokenizer.decode
+        assert entry["logprob"] == pytest.approx(lp.logprob) and entry["text"] == text([lp.id])
+        assert [(t["id"], t["text"]) for t in entry["top"]] == [(i, text([i])) for i, _ in lp.top]
+
+
+def test_score_command(model_dir, env, pipe, tmp_path):
+    text = "The quick brown fox jumps over the lazy dog. " * 4
+    path = tmp_path / "text.txt"
+    path.write_text(text, encoding="utf-8")
+    expected = pipe.score(text, stride=20)
+    proc = run(["score", str(path), "--model-dir", str(model_dir), "--stride", "20", "--json"], env)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert set(out) == {"ids", "logprobs", "total_logprob", "perplexity", "stride"}
+    assert out["ids"] == expected.ids and out["stride"] == 20 and out["logprobs"][0] is None
+    assert out["perplexity"] == pytest.approx(expected.perplexity, rel=1e-12)
+    # Plain output: the perplexity alone on stdout; from stdin when no FILE is given.
+    proc = subprocess.run([sys.executable, "-m", "inferno", "score", "--model-dir", str(model_dir)],
+                          input=text, capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert float(proc.stdout) == pytest.approx(pipe.score(text).perplexity, rel=1e-5)
+    assert "perplexity over" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("content", "flags", "needles"),
+    [
+        (b"\xff\xfe not utf-8", [], ("text.txt", "not UTF-8", "offset 0")),
+        (b"Hi", [], ("at least 2 tokens",)),
+        (b"Hello there", ["--stride", "0"], ("--stride",)),
+        (b"Hello there", ["--stride", "128"], ("stride", "[1, 127]")),
+    ],
+)
+def test_score_errors(model_dir, env, tmp_path, content, flags, needles):
+    path = tmp_path / "text.txt"
+    path.write_bytes(content)
+    assert_one_line_error(run(["score", str(path), "--model-dir", str(model_dir), *flags], env), *needles)
+    assert path.read_bytes() == content  # never touched
+
+
+def test_score_missing_file(model_dir, env, tmp_path):
+    assert_one_line_error(run(["score", str(tmp_path / "nope.txt"), "--model-dir", str(model_dir)], env),
+                          "nope.txt")
