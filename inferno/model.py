@@ -112,12 +112,12 @@ class Gpt2:
             if i == c.n_layer - 1 and keep < t:
                 # Only the positions whose logits are wanted go on: past the last attention (which
                 # filled the cache for every position) the others need neither the MLP nor the LM head.
-                x = x[:, t - keep :]
+                x = x[:, t - keep :, :]  # every axis indexed: the Array API requires it
             h = be.layernorm(x, blk.ln_2_g, blk.ln_2_b, c.layer_norm_epsilon)
             x = be.add(x, be.mlp(h, blk.fc_w, blk.fc_b, blk.proj_w, blk.proj_b))
         cache.length = offset + t
 
         if not all_logits and last is None:
-            x = x[:, 0]
+            x = x[:, 0, :]
         x = be.layernorm(x, self.ln_f_g, self.ln_f_b, c.layer_norm_epsilon)
         return be.lm_head(x, self.lm_head_w)

@@ -366,3 +366,21 @@ def test_stop_strings_property(tok, case):
         assert not any(s in seen_before for s in stops)  # it stopped as soon as the text held one
     else:
         assert state.finish_reason == "length" and state.ids == ids and text == full
+
+
+def test_every_backend_generates_alike_with_options(backend, pipe):
+    # The options run on host logits, so every backend gives numpy's tokens (up to float32 near-ties,
+    # which this model's seeded draws do not hit).
+    other = inferno.api.Pipeline(inferno.api.Gpt2.from_weights(pipe.config, _host_weights(pipe), backend),
+                                 pipe.tokenizer)
+    kwargs = dict(max_new_tokens=10, temperature=0.9, top_k=50, seed=2, repetition_penalty=1.3,
+                  presence_penalty=0.4, frequency_penalty=0.2, logit_bias={13: 3.0}, logprobs=2,
+                  stop_at_eos=False, stop=["never"])
+    a, b = pipe.generate("Once upon", **kwargs), other.generate("Once upon", **kwargs)
+    assert a.ids == b.ids and a.text == b.text
+    np.testing.assert_allclose([lp.logprob for lp in a.logprobs], [lp.logprob for lp in b.logprobs],
+                               atol=1e-4)
+
+
+def _host_weights(pipe) -> dict:
+    return golden_model("greedy")[1]

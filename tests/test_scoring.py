@@ -157,3 +157,12 @@ def test_padded_vocabulary_scores_over_the_tokenizers_ids(tmp_path):
     assert result.logprobs[1] == pytest.approx(log_softmax(logits[0])[2], abs=1e-5)
     with pytest.raises(ScoringError, match="50300"):
         pipe.score([1, 50300])
+
+
+def test_every_backend_scores_alike(backend):
+    config = small_config(vocab_size=300, n_positions=24, n_embd=16, n_layer=2, n_head=2)
+    sd = random_state_dict(config, 9)
+    ids = np.random.default_rng(6).integers(0, 300, 60).tolist()
+    ref = score_ids(Gpt2.from_weights(config, sd, NumpyBackend(dtype="float64")), ids, stride=10)
+    ours = score_ids(Gpt2.from_weights(config, sd, backend), ids, stride=10)
+    np.testing.assert_allclose(ours.logprobs[1:], ref.logprobs[1:], rtol=0, atol=LOGPROB_ATOL)
