@@ -11,11 +11,12 @@ apart from the token ids it hands to the backend.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from inferno.backends.base import Array, Backend
+from inferno.backends.base import Array, Backend, RaggedRow
 from inferno.config import Gpt2Config
 
 
@@ -42,6 +43,29 @@ class KvCache:
     layers: list[tuple[Array, Array]]
     capacity: int
     length: int = 0
+
+
+@dataclass
+class KvSlots:
+    """A fixed number of KV cache slots, each holding one sequence of up to n_positions tokens.
+
+    ``layers[i][slot]`` is layer i's (k_cache, v_cache) of that slot, each [1, H, P, D], allocated once;
+    a slot is taken by a sequence and given back for the next without reallocating (its old contents
+    are simply overwritten: a row attends only to the positions it has written). In float32 a slot
+    takes ``2 * n_layer * n_positions * n_embd * 4`` bytes: 72 MiB at the 124M shape.
+    """
+
+    layers: list[list[tuple[Array, Array]]]
+    capacity: int
+
+    @property
+    def n_slots(self) -> int:
+        return len(self.layers[0]) if self.layers else 0
+
+
+def slot_bytes(config: Gpt2Config, itemsize: int = 4) -> int:
+    """Bytes of KV cache one slot takes (keys and values of every layer, the whole context)."""
+    return 2 * config.n_layer * config.n_positions * config.n_embd * itemsize
 
 
 @dataclass
@@ -76,6 +100,53 @@ class Gpt2:
         c = self.config
         layers = [self.backend.new_kv_cache(batch, c.n_head, capacity, c.head_dim) for _ in range(c.n_layer)]
         return KvCache(layers, capacity)
+
+    def new_slots(self, n_slots: int) -> KvSlots:
+        """`n_slots` KV cache slots of the full context each (see `KvSlots`)."""
+        c = self.config
+        layers = [[self.backend.new_kv_cache(1, c.n_head, c.n_positions, c.head_dim) for _ in range(n_slots)]
+                  for _ in range(c.n_layer)]
+        return KvSlots(layers, c.n_positions)
+
+    def forward_ragged(self, rows: Sequence[tuple[Sequence[int], int, int]], slots: KvSlots,
+                       logits_for: Sequence[bool] | None = None) -> Array:
+        """One forward step over a ragged batch: each row is (new token ids, slot, offset), the offset
+        being how many tokens that slot already holds for its sequence. Rows may mix prompt chunks
+        (many tokens) and decode steps (one token).
+
+        Returns logits [R, V] of the last token of each row with `logits_for[r]` true (default: every
+        row), in row order: the LM head is computed for those rows only.
+        """
+        be, c = self.backend, self.config
+        logits_for = [True] * len(rows) if logits_for is None else list(logits_for)
+        ids, positions, packed, start = [], [], [], 0
+        for (tokens, slot, offset) in rows:
+            n = len(tokens)
+            if n == 0 or offset < 0 or offset + n > c.n_positions or not 0 <= slot < slots.n_slots:
+                raise ValueError(f"row of {n} tokens at offset {offset} in slot {slot} does not fit "
+                                 f"{slots.n_slots} slots of {c.n_positions} positions")
+            ids.extend(tokens)
+            positions.extend(range(offset, offset + n))
+            packed.append(RaggedRow(slot, offset, start, n))
+            start += n
+        ids_a = np.asarray([ids], dtype=np.int64)
+        x = be.embedding(self.wte, self.wpe, be.from_numpy(ids_a), be.from_numpy(np.asarray([positions])))
+        for i, blk in enumerate(self.blocks):
+            h = be.layernorm(x, blk.ln_1_g, blk.ln_1_b, c.layer_norm_epsilon)
+            h = be.ragged_self_attention(h, blk.attn_w, blk.attn_b, blk.attn_proj_w, blk.attn_proj_b,
+                                         slots.layers[i], packed, c.n_head)
+            x = be.add(x, h)
+            if i == c.n_layer - 1:
+                # Only the last token of each row that is sampled goes on (see `forward`).
+                last = [x[:, r.start + r.length - 1 : r.start + r.length, :]
+                        for r, keep in zip(packed, logits_for, strict=True) if keep]
+                if not last:
+                    return be.from_numpy(np.zeros((0, c.vocab_size), dtype=np.float32))
+                x = last[0] if len(last) == 1 else be.concat(last, axis=1)
+            h = be.layernorm(x, blk.ln_2_g, blk.ln_2_b, c.layer_norm_epsilon)
+            x = be.add(x, be.mlp(h, blk.fc_w, blk.fc_b, blk.proj_w, blk.proj_b))
+        x = be.layernorm(x, self.ln_f_g, self.ln_f_b, c.layer_norm_epsilon)
+        return be.lm_head(x, self.lm_head_w)[0, :, :]
 
     def forward(
         self, ids: np.ndarray, cache: KvCache | None = None, *, all_logits: bool = False,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib
 import math
+from numbers import Integral
 from types import ModuleType
 from typing import Any
 
@@ -136,8 +137,13 @@ class ArrayApiBackend(Backend):
         xp = self.xp
         b, t = ids.shape
         # The standard's take wants 1-D indices.
-        tok = xp.take(wte, xp.reshape(ids, (-1,)), axis=0)
-        return xp.reshape(tok, (b, t, wte.shape[-1])) + wpe[offset : offset + t, :]
+        tok = xp.reshape(xp.take(wte, xp.reshape(ids, (-1,)), axis=0), (b, t, wte.shape[-1]))
+        if not isinstance(offset, Integral):  # each token's own position (a ragged batch)
+            return tok + xp.reshape(xp.take(wpe, xp.reshape(offset, (-1,)), axis=0), (b, t, wpe.shape[-1]))
+        return tok + wpe[offset : offset + t, :]
+
+    def concat(self, arrays, axis):
+        return self.xp.concat(list(arrays), axis=axis)
 
     def split_heads(self, qkv, n_head):
         xp = self.xp

@@ -16,12 +16,25 @@ and the conformance suite checks overrides against the same float64 reference as
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 
 #: A backend's own array type (numpy.ndarray, torch.Tensor, an Array API array, ...).
 Array = Any
+
+
+@dataclass(frozen=True)
+class RaggedRow:
+    """One sequence of a ragged batch: `length` tokens packed from index `start` of the batch, sitting at
+    positions ``offset .. offset + length - 1`` of KV slot `slot` (`offset` = the tokens it already holds)."""
+
+    slot: int
+    offset: int
+    start: int
+    length: int
 
 
 class Backend(ABC):
@@ -99,12 +112,19 @@ class Backend(ABC):
         """Elementwise ``a + b`` of two arrays of the same shape (the residual connection)."""
 
     @abstractmethod
-    def embedding(self, wte: Array, wpe: Array, ids: Array, offset: int) -> Array:
+    def embedding(self, wte: Array, wpe: Array, ids: Array, offset: int | Array) -> Array:
         """Token plus absolute position embedding.
 
-        wte: [V, C]; wpe: [P, C]; ids: [B, T] integer (from `from_numpy`); the tokens sit at positions
-        ``offset .. offset + T - 1``. Returns [B, T, C] = ``wte[ids] + wpe[offset : offset + T]``.
+        wte: [V, C]; wpe: [P, C]; ids: [B, T] integer (from `from_numpy`). `offset` is an int: the
+        tokens sit at positions ``offset .. offset + T - 1`` and the result is
+        ``wte[ids] + wpe[offset : offset + T]``; or an integer array of each token's position, shaped
+        like `ids` (a ragged batch packs rows at different positions): ``wte[ids] + wpe[offset]``.
+        Returns [B, T, C].
         """
+
+    @abstractmethod
+    def concat(self, arrays: Sequence[Array], axis: int) -> Array:
+        """Join arrays along `axis` (the ragged batch joins its rows' attention outputs)."""
 
     @abstractmethod
     def split_heads(self, qkv: Array, n_head: int) -> tuple[Array, Array, Array]:
@@ -177,6 +197,39 @@ class Backend(ABC):
         k_cache, v_cache = self.write_kv(kv[0], kv[1], k, v, offset)
         y = self.merge_heads(self.attention(q, k_cache, v_cache, offset))
         return self.linear(y, w_proj, b_proj), (k_cache, v_cache)
+
+    def ragged_self_attention(
+        self,
+        x: Array,
+        w_attn: Array,
+        b_attn: Array,
+        w_proj: Array,
+        b_proj: Array,
+        slot_kv: list[tuple[Array, Array]],
+        rows: Sequence[RaggedRow],
+        n_head: int,
+    ) -> Array:
+        """`self_attention` over a ragged batch: sequences at different positions packed in one array.
+
+        x: [1, N, C], the rows' tokens one after another (row r holds ``x[:, r.start : r.start +
+        r.length]``); slot_kv: this layer's (k_cache, v_cache) per KV slot, each [1, H, P, D]; row r's
+        tokens sit at positions ``r.offset ..`` of slot ``r.slot`` and attend that slot only. Writes
+        each row's keys and values into its slot (replacing the entry of `slot_kv` when the backend
+        returns new arrays) and returns [1, N, C].
+
+        The default runs the projections once over all N tokens and `write_kv` plus `attention` once
+        per row, exactly as a batch of one would.
+        """
+        q, k, v = self.split_heads(self.linear(x, w_attn, b_attn), n_head)
+        ys = []
+        for r in rows:
+            s, e = r.start, r.start + r.length
+            k_cache, v_cache = slot_kv[r.slot]
+            k_cache, v_cache = self.write_kv(k_cache, v_cache, k[:, :, s:e, :], v[:, :, s:e, :], r.offset)
+            slot_kv[r.slot] = (k_cache, v_cache)
+            ys.append(self.attention(q[:, :, s:e, :], k_cache, v_cache, r.offset))
+        y = ys[0] if len(ys) == 1 else self.concat(ys, axis=2)
+        return self.linear(self.merge_heads(y), w_proj, b_proj)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"

@@ -16,6 +16,7 @@ transposed; prefill 64 and 512 unchanged within noise.
 from __future__ import annotations
 
 import math
+from numbers import Integral
 
 import numpy as np
 
@@ -70,8 +71,13 @@ class NumpyBackend(Backend):
         return a + b
 
     def embedding(self, wte, wpe, ids, offset):
+        if not isinstance(offset, Integral):
+            return wte[ids] + wpe[offset]  # each token's own position (a ragged batch)
         t = ids.shape[-1]
         return wte[ids] + wpe[offset : offset + t]
+
+    def concat(self, arrays, axis):
+        return np.concatenate(arrays, axis=axis)
 
     def split_heads(self, qkv, n_head):
         b, t, c3 = qkv.shape
