@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +21,8 @@ import numpy as np
 from inferno.backends.base import Backend
 from inferno.backends.registry import get_backend
 from inferno.config import Gpt2Config
-from inferno.generate import GenerationResult, TokenStream, check_ids, generate_tokens
+from inferno.engine import DEFAULT_PREFILL_CHUNK, DEFAULT_SLOTS, Engine, Handle
+from inferno.generate import GenerationError, GenerationResult, TokenStream, check_ids, generate_tokens
 from inferno.hub import resolve_model_dir
 from inferno.model import Gpt2
 from inferno.options import GenerationOptions, OptionError
@@ -107,6 +108,56 @@ class Pipeline:
         for _ in stream.steps():
             pass
         return stream.result(time.perf_counter() - start)
+
+    def engine(self, **kwargs) -> Engine:
+        """A continuous-batching `Engine` on this model that decodes text and samples only ids the
+        tokenizer knows (keywords: slots, max_queue, prefill_chunk; see `inferno.engine`)."""
+        return Engine(self.model, sample_limit=self.sample_limit, decoder=self.tokenizer.incremental_decoder,
+                      **kwargs)
+
+    def submit(self, engine: Engine, prompt: str | Sequence[int], max_new_tokens: int = 50, *,
+               stop_at_eos: bool = True, options: GenerationOptions | None = None, block: bool = False,
+               **option_kwargs) -> Handle:
+        """Submit one prompt to `engine` with the same arguments as `generate`; returns its `Handle`."""
+        if options is not None and option_kwargs:
+            raise OptionError(sorted(option_kwargs)[0], "cannot be given together with options=")
+        options = options or GenerationOptions.from_kwargs(**option_kwargs)
+        stop = (self.config.eos_token_id,) if stop_at_eos else ()
+        return engine.submit(self.encode(prompt), max_new_tokens, options, stop_ids=stop, block=block)
+
+    def generate_batch(
+        self,
+        prompts: Sequence[str | Sequence[int]],
+        max_new_tokens: int = 50,
+        *,
+        per_prompt: Sequence[Mapping] | None = None,
+        slots: int | None = None,
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+        **kwargs,
+    ) -> list[GenerationResult]:
+        """Generate for many prompts at once through the batching engine: one `GenerationResult` per
+        prompt, in order, each what `generate` gives for it alone (up to float32 near-ties).
+
+        Keywords as for `generate` apply to every prompt; `per_prompt` is a list of dicts, one per
+        prompt, whose keys (any of `generate`'s) override them for that prompt. `slots`: sequences run
+        at once (default: the number of prompts, at most 16).
+        """
+        if isinstance(prompts, str):
+            raise GenerationError("generate_batch takes a list of prompts; for one prompt use generate")
+        prompts = list(prompts)
+        if per_prompt is not None and len(per_prompt) != len(prompts):
+            raise GenerationError(f"per_prompt has {len(per_prompt)} entries for {len(prompts)} prompts")
+        requests = [{"max_new_tokens": max_new_tokens, **kwargs, **(per_prompt[i] if per_prompt else {})}
+                    for i in range(len(prompts))]
+        if not prompts:
+            return []
+        engine = self.engine(slots=slots or min(len(prompts), DEFAULT_SLOTS), max_queue=None,
+                             prefill_chunk=prefill_chunk)
+        try:
+            handles = [self.submit(engine, p, **r) for p, r in zip(prompts, requests, strict=True)]
+            return [h.result() for h in handles]
+        finally:
+            engine.close()
 
     def score(
         self, text: str | Sequence[int], stride: int | None = None, *, top_logprobs: int = 0

@@ -1,0 +1,360 @@
+"""Continuous batching: many sequences share every forward step.
+
+One decode step reads every weight once whether it advances one sequence or sixteen, so the engine
+runs all its sequences through one `Gpt2.forward_ragged` per step:
+
+    submit ─▶ wait queue (bounded) ─▶ a free KV slot ─▶ prompt, a chunk per step ─▶ one token per step
+                                                                        ─▶ finish: the slot is free again
+
+Each step (1) ends cancelled sequences and frees their slots, (2) admits waiting requests into free
+slots, (3) builds one ragged batch: a decode row (one token) for every sequence past its prompt, and
+prompt chunks of at most `prefill_chunk` tokens in all, so a long prompt never stalls the running
+streams for more than one chunk, and (4) hands each sequence its row of logits: the options module
+(`SequenceState.step`, the same code as the batch-1 loop) picks the token, and the handle gets it.
+
+Submissions and cancellations may come from any thread while the step loop runs in its own.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from numbers import Integral
+
+from inferno.generate import GenerationError, GenerationResult, check_ids
+from inferno.model import Gpt2, KvSlots
+from inferno.options import GenerationOptions, SequenceState, Step, TextDecoder
+
+#: Default KV slots: 16 sequences at once. A slot takes 72 MiB at the 124M shape in float32
+#: (`inferno.model.slot_bytes`), so 16 take 1.1 GiB when every sequence fills the whole context;
+#: memory is touched only as far as sequences actually reach.
+DEFAULT_SLOTS = 16
+DEFAULT_QUEUE = 256
+DEFAULT_PREFILL_CHUNK = 64
+
+
+class EngineError(RuntimeError):
+    """The engine cannot take or finish a request; the message says why."""
+
+
+class QueueFullError(EngineError):
+    """The wait queue is full (a server answers 429)."""
+
+
+class EngineClosedError(EngineError):
+    """The engine was closed."""
+
+
+class Handle:
+    """One submitted request: iterate it for its `Step`s as they are chosen; `result()` waits for the end.
+
+    `finish_reason` is "stop", "length" or "cancelled" once it has ended; `error` is set (and raised by
+    iteration and `result()`) if the engine failed it.
+    """
+
+    def __init__(self, engine: Engine, request_id: int, prompt_ids: list[int], state: SequenceState) -> None:
+        self.engine = engine
+        self.id = request_id
+        self.prompt_ids = prompt_ids
+        self.state = state
+        self.error: BaseException | None = None
+        self.submitted = time.perf_counter()
+        self.finished: float | None = None
+        self._events: queue.SimpleQueue[Step | None] = queue.SimpleQueue()
+        self._done = threading.Event()
+        self._cancel = False
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.state.finish_reason if self._done.is_set() else None
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def cancel(self) -> None:
+        """Stop this request; its slot is free before the next step. No-op once it has ended."""
+        self._cancel = True
+        self.engine._wake()
+
+    def __iter__(self) -> Iterator[Step]:
+        while True:
+            event = self._events.get()
+            if event is None:
+                if self.error is not None:
+                    raise self.error
+                return
+            yield event
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._done.wait(timeout)
+
+    def result(self, timeout: float | None = None) -> GenerationResult:
+        """Wait for the end and return the whole result (as `Pipeline.generate` gives it)."""
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"request {self.id} did not finish within {timeout} s")
+        if self.error is not None:
+            raise self.error
+        s = self.state
+        return GenerationResult(self.prompt_ids, list(s.ids), s.text, s.finish_reason or "length",
+                                (self.finished or self.submitted) - self.submitted,
+                                self.engine.model.backend.name, s.logprobs, s.stop_reason)
+
+    # The engine's side.
+
+    def _put(self, step: Step) -> None:
+        self._events.put(step)
+
+    def _end(self, error: BaseException | None = None) -> None:
+        if self._done.is_set():
+            return
+        self.error = error
+        self.finished = time.perf_counter()
+        self._done.set()
+        self._events.put(None)
+
+
+@dataclass
+class _Sequence:
+    handle: Handle
+    prompt: list[int]
+    budget: int  # new tokens it may still take in all (max_new_tokens, bounded by the context)
+    slot: int = -1
+    cached: int = 0  # tokens of this sequence in its slot
+    next_token: int | None = None  # the last chosen token, to feed in the next step
+
+
+@dataclass
+class EngineStats:
+    steps: int = 0
+    tokens: int = 0  # new tokens chosen
+    prompt_tokens: int = 0  # prompt tokens prefilled
+    rows: int = 0  # rows run (one per running sequence per step)
+    seconds: float = 0.0  # time inside steps
+    finished: collections.Counter = field(default_factory=collections.Counter)
+
+
+class Engine:
+    """Continuous batching over a `Gpt2`: `submit` requests, iterate their handles.
+
+    `slots`: sequences run at once (each takes one KV slot); `max_queue`: requests that may wait for a
+    slot (None: no bound) beyond which `submit` raises `QueueFullError`; `prefill_chunk`: prompt tokens
+    run per step; `sample_limit`: ids below it may be generated (a padded vocabulary); `decoder`: a
+    factory of incremental text decoders, needed for stop strings (the pipeline passes its tokenizer's).
+    """
+
+    def __init__(
+        self,
+        model: Gpt2,
+        *,
+        slots: int = DEFAULT_SLOTS,
+        max_queue: int | None = DEFAULT_QUEUE,
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+        sample_limit: int | None = None,
+        decoder: Callable[[], TextDecoder] | None = None,
+    ) -> None:
+        for name, value in (("slots", slots), ("prefill_chunk", prefill_chunk)):
+            if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
+                raise EngineError(f"{name} must be an integer >= 1, got {value!r}")
+        if max_queue is not None and (isinstance(max_queue, bool) or not isinstance(max_queue, Integral)
+                                      or max_queue < 0):
+            raise EngineError(f"max_queue must be an integer >= 0 or None, got {max_queue!r}")
+        self.model = model
+        self.max_queue = max_queue
+        self.prefill_chunk = int(prefill_chunk)
+        self.sample_limit = sample_limit
+        self.decoder = decoder
+        self.slots: KvSlots = model.new_slots(int(slots))
+        self.stats = EngineStats()
+        self._free = list(range(int(slots)))[::-1]  # a stack: the lowest slot is taken first
+        self._waiting: collections.deque[_Sequence] = collections.deque()
+        self._running: list[_Sequence] = []
+        self._ids = itertools.count()
+        self._cv = threading.Condition()
+        self._step_lock = threading.Lock()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    # ---------------------------------------------------------------------------------- requests
+
+    def submit(
+        self,
+        prompt_ids: Sequence[int],
+        max_new_tokens: int = 16,
+        options: GenerationOptions | None = None,
+        *,
+        stop_ids: Iterable[int] = (),
+        block: bool = False,
+        timeout: float | None = None,
+    ) -> Handle:
+        """Queue a request; raises at once if the request is invalid (`GenerationError`,
+        `OptionError`), the queue is full (`QueueFullError`; with `block`, wait up to `timeout` for room)
+        or the engine is closed. `stop_ids` end it in addition to the options' own (e.g. <|endoftext|>).
+        The step loop starts on the first submission (see `start`)."""
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, Integral) or max_new_tokens < 0:
+            raise GenerationError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+        prompt = check_ids(prompt_ids, self.model.config)
+        options = options or GenerationOptions()
+        options.check_vocab(self.model.config.vocab_size if self.sample_limit is None else self.sample_limit)
+        decoder = self.decoder() if self.decoder is not None else None
+        state = SequenceState(options, prompt, decoder, stop_ids)
+        handle = Handle(self, next(self._ids), prompt, state)
+        budget = min(int(max_new_tokens), self.model.config.n_positions - len(prompt))
+        seq = _Sequence(handle, prompt, budget)
+        with self._cv:
+            if self._closed:
+                raise EngineClosedError("the engine is closed")
+            if budget <= 0:  # nothing to generate: done without taking a slot
+                state.finish("length")
+                handle._end()
+                return handle
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while self.max_queue is not None and len(self._waiting) >= self.max_queue:
+                left = None if deadline is None else deadline - time.monotonic()
+                if not block or (left is not None and left <= 0):
+                    raise QueueFullError(f"the wait queue is full ({self.max_queue} requests wait for "
+                                         f"{self.slots.n_slots} slots); retry later")
+                self._cv.wait(left)
+                if self._closed:
+                    raise EngineClosedError("the engine is closed")
+            self._waiting.append(seq)
+            self._cv.notify_all()
+        self.start()
+        return handle
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    @property
+    def free_slots(self) -> int:
+        return len(self._free)
+
+    # --------------------------------------------------------------------------------- the loop
+
+    def start(self) -> None:
+        """Run the step loop in a background thread (idempotent)."""
+        with self._cv:
+            if self._thread is None and not self._closed:
+                self._thread = threading.Thread(target=self._loop, name="inferno-engine", daemon=True)
+                self._thread.start()
+
+    def close(self, timeout: float | None = 10.0) -> None:
+        """Stop the loop; requests still waiting or running end as "cancelled"."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+        with self._step_lock:
+            for seq in [*self._running, *self._waiting]:
+                self._finish(seq, "cancelled")
+            self._waiting.clear()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _wake(self) -> None:
+        with self._cv:
+            self._cv.notify_all()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._closed and not self._waiting and not self._running:
+                    self._cv.wait()
+                if self._closed:
+                    return
+            self.step()
+
+    def step(self) -> bool:
+        """Run one step; False when there was nothing to do. The loop thread calls it; call it yourself
+        only on an engine whose loop was never started."""
+        with self._step_lock:
+            start = time.perf_counter()
+            self._admit()
+            if not self._running:
+                return False
+            try:
+                self._run_batch()
+            except Exception as exc:  # a backend failure: fail the sequences of this step, keep serving
+                for seq in list(self._running):
+                    self._finish(seq, None, exc)
+            self.stats.steps += 1
+            self.stats.seconds += time.perf_counter() - start
+            return True
+
+    def _admit(self) -> None:
+        with self._cv:
+            for seq in [s for s in self._running if s.handle._cancel]:
+                self._finish(seq, "cancelled")
+            for seq in [s for s in self._waiting if s.handle._cancel]:
+                self._waiting.remove(seq)
+                self._finish(seq, "cancelled")
+            while self._free and self._waiting:
+                seq = self._waiting.popleft()
+                seq.slot = self._free.pop()
+                self._running.append(seq)
+            self._cv.notify_all()  # room in the queue for blocked submitters
+
+    def _run_batch(self) -> None:
+        rows, sampled, members = [], [], []
+        prefill_left = self.prefill_chunk
+        for seq in self._running:
+            if seq.cached < len(seq.prompt):
+                if prefill_left == 0:
+                    continue
+                n = min(prefill_left, len(seq.prompt) - seq.cached)
+                prefill_left -= n
+                rows.append((seq.prompt[seq.cached : seq.cached + n], seq.slot, seq.cached))
+                sampled.append(seq.cached + n == len(seq.prompt))
+                self.stats.prompt_tokens += n
+            else:
+                rows.append(([seq.next_token], seq.slot, seq.cached))
+                sampled.append(True)
+            members.append(seq)
+        if not rows:
+            return
+        logits = self.model.backend.to_numpy(self.model.forward_ragged(rows, self.slots, sampled))
+        self.stats.rows += len(rows)
+        k = 0
+        for seq, row, wanted in zip(members, rows, sampled, strict=True):
+            seq.cached += len(row[0])
+            if not wanted:
+                continue
+            try:
+                state = seq.handle.state
+                step = state.step(logits[k, : self.sample_limit], last=len(state.ids) + 1 >= seq.budget)
+            except Exception as exc:  # a failure of this sequence only
+                self._finish(seq, None, exc)
+                k += 1
+                continue
+            k += 1
+            self.stats.tokens += 1
+            seq.next_token = step.id
+            seq.handle._put(step)
+            if step.finish_reason is not None:
+                self._finish(seq, step.finish_reason)
+
+    def _finish(self, seq: _Sequence, reason: str | None, error: BaseException | None = None) -> None:
+        """End a sequence (reason "cancelled" or its own finish reason; or an error) and free its slot."""
+        if seq in self._running:
+            self._running.remove(seq)
+            self._free.append(seq.slot)
+        if reason == "cancelled":
+            seq.handle.state.finish("cancelled")
+        self.stats.finished[reason or "error"] += 1
+        seq.handle._end(error)
