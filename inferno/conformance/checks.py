@@ -25,14 +25,22 @@ i.e. `atol` is relative to the largest magnitude in the expected output, so it s
     float16    1e-2    1e-2     11-bit significand
     bfloat16   5e-2    5e-2     8-bit significand (unknown dtypes get these too)
 
-Checks that chain kernels allow a multiple of that (`factor`): ×2 for mlp, ×4 for self_attention and
-cached decode, ×10 for the whole model. So does ``layernorm-large-mean`` (×10): with a mean of 1e4 even a
-correct two-pass layer norm loses about eps·mean/std to the rounded mean (a one-pass E[x²] - E[x]²
-loses eps·(mean/std)² and still fails by orders of magnitude).
+Checks that chain kernels allow a multiple of that (`factor`): ×2 for mlp, ×4 for self_attention,
+ragged_self_attention and cached decode, ×10 for the whole model. So does ``layernorm-large-mean`` (×10):
+with a mean of 1e4 even a correct two-pass layer norm loses about eps·mean/std to the rounded mean (a
+one-pass E[x²] - E[x]² loses eps·(mean/std)² and still fails by orders of magnitude).
 
 The kinds of checks: "kernel" (each kernel alone, and the from_numpy/to_numpy boundary), "composition"
-(mlp, self_attention), "cache" (attention over a cache filled chunk by chunk equals a full prefill) and
-"model" (a small random GPT-2 through `inferno.model`, against the numpy backend in float64).
+(mlp, self_attention, ragged_self_attention), "cache" (attention over a cache filled chunk by chunk equals
+a full prefill) and "model" (a small random GPT-2 through `inferno.model`, against the numpy backend in
+float64; ``model-ragged`` runs continuous batching through `Gpt2.forward_ragged` against batch-1 forwards).
+
+**Ragged batches** (continuous batching): ``embedding`` with a positions array instead of an int offset,
+``concat``, and ``ragged_self_attention``, whose reference is each row's own batch-1 causal attention over
+its slot's keys 0 .. offset + i only: the checks put large garbage (or a stale earlier sequence) past
+every row's valid positions, use slots out of order, and check that each row's keys and values land at
+its positions of its slot (read back from the `slot_kv` list, whose entries an immutable backend
+replaces) while every other position and every unused slot keeps its contents.
 """
 
 from __future__ import annotations
@@ -45,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from inferno.backends.base import Backend
+from inferno.backends.base import Backend, RaggedRow
 from inferno.conformance import reference as ref
 
 KINDS = ("kernel", "composition", "cache", "model")
@@ -331,10 +339,16 @@ _add("add", "gpt2", "a, b [2, 4, 768]", _add_kernel)
 
 
 def _embedding(run: _Run, v, c, p, ids, offset) -> None:
+    """`offset` an int, or a nested list shaped like `ids` (each token's position, sent as an int array)."""
     ids = np.asarray(ids, dtype=np.int64)
     wte, wte64 = run.weight("wte.weight", run.normal((v, c), scale=0.5))
     wpe, wpe64 = run.weight("wpe.weight", run.normal((p, c), scale=0.1))
-    got = run.backend.embedding(wte, wpe, run.ids(ids), offset)
+    if isinstance(offset, int):
+        got = run.backend.embedding(wte, wpe, run.ids(ids), offset)
+    else:
+        offset = np.asarray(offset, dtype=np.int64)
+        assert offset.shape == ids.shape, "the suite's own case is malformed"
+        got = run.backend.embedding(wte, wpe, run.ids(ids), run.ids(offset))
     run.expect(got, ref.embedding(wte64, wpe64, ids, offset))
 
 
@@ -348,6 +362,31 @@ _add("embedding", "last-positions", "wte [50, 16], wpe [20, 16], ids [1, 4], off
      _embedding, v=50, c=16, p=20, ids=[[4, 3, 2, 1]], offset=16)
 _add("embedding", "T1", "wte [50, 16], wpe [20, 16], ids [3, 1], offset 11", _embedding,
      v=50, c=16, p=20, ids=[[5], [6], [49]], offset=11)
+# Ragged batches: `offset` is an integer backend array of each token's own position, shaped like ids.
+_add("embedding", "positions-ragged",
+     "wte [50257, 32], wpe [1024, 32], ids [1, 10] packing rows of 3, 1, 6 tokens at offsets 0, 17, 5 "
+     "(positions array [1, 10])", _embedding, v=50257, c=32, p=1024,
+     ids=[[0, 50256, 11, 25000, 7, 7, 3, 0, 50256, 9]], offset=[[0, 1, 2, 17, 5, 6, 7, 8, 9, 10]])
+_add("embedding", "positions-2d",
+     "wte [50, 16], wpe [20, 16], ids [3, 4], positions array [3, 4] (rows at 0, 16 and out of order, "
+     "up to P - 1)", _embedding, v=50, c=16, p=20,
+     ids=[[1, 2, 3, 4], [49, 0, 7, 7], [5, 5, 30, 2]], offset=[[0, 1, 2, 3], [16, 17, 18, 19], [9, 3, 3, 0]])
+_add("embedding", "positions-T1", "wte [50, 16], wpe [20, 16], ids [3, 1], positions array [[7], [0], [19]] "
+     "(one decode step of three sequences)", _embedding, v=50, c=16, p=20, ids=[[5], [6], [49]],
+     offset=[[7], [0], [19]])
+
+
+def _concat(run: _Run, shapes, axis) -> None:
+    parts = [run.array(run.normal(shape)) for shape in shapes]
+    got = run.backend.concat([a for a, _ in parts], axis)
+    run.expect(got, np.concatenate([a64 for _, a64 in parts], axis=axis))
+
+
+_add("concat", "axis-2", "[1, 12, 6, 64], [1, 12, 1, 64], [1, 12, 3, 64] along axis 2 (rows' attention "
+     "outputs)", _concat, shapes=[(1, 12, 6, 64), (1, 12, 1, 64), (1, 12, 3, 64)], axis=2)
+_add("concat", "axis-1", "[1, 1, 48], [1, 3, 48], [1, 1, 48], [1, 2, 48] along axis 1", _concat,
+     shapes=[(1, 1, 48), (1, 3, 48), (1, 1, 48), (1, 2, 48)], axis=1)
+_add("concat", "single", "a list of one array [1, 3, 5] along axis 1", _concat, shapes=[(1, 3, 5)], axis=1)
 
 
 def _split_heads(run: _Run, b, t, h, d) -> None:
@@ -502,6 +541,134 @@ _add("self_attention", "H3-D5-chunks", "x [2, T, 15] for T = 5, 1, 2, H 3, cache
      kind="composition", b=2, c=15, h=3, chunks=[5, 1, 2], length=9)
 
 
+_KV = {"k_cache": "keys", "v_cache": "values"}
+
+
+def _ragged_slots(run: _Run, hosts):
+    """Backend slots (a list of (k_cache, v_cache), each [1, H, P, D]) holding the host contents `hosts`,
+    and the float64 values they hold."""
+    be = run.backend
+    slot_kv, k64, v64 = [], [], []
+    for k_host, v_host in hosts:
+        _, h, length, d = k_host.shape
+        kv = be.new_kv_cache(1, h, length, d)
+        kv = be.write_kv(*kv, be.from_numpy(k_host), be.from_numpy(v_host), 0)
+        slot_kv.append(tuple(kv))
+        k64.append(np.array(run.host(kv[0], "k_cache"), dtype=np.float64))  # a copy: writes are in place
+        v64.append(np.array(run.host(kv[1], "v_cache"), dtype=np.float64))
+    return slot_kv, k64, v64
+
+
+def _ragged_self_attention(run: _Run, c, h, n_slots, length, rows, stale=None) -> None:
+    """ragged_self_attention over `rows` = (slot, offset, T) packed in this order.
+
+    Every used slot holds a past at positions 0 .. offset - 1 and large garbage from offset on (that the
+    row must overwrite or ignore); a slot in `stale` ({slot: n}) instead holds an earlier sequence of n
+    positions (then zeros) and must give what a fresh, zeroed slot gives; unused slots hold random values
+    that must stay. Rows are compared with their own batch-1 attention (the float64 reference).
+    """
+    be, d, stale = run.backend, c // h, stale or {}
+    shape = (1, h, length, d)
+    weights, weights64 = _attn_weights(run, c)
+    packed, start = [], 0
+    for slot, offset, t in rows:
+        packed.append(RaggedRow(slot, offset, start, t))
+        start += t
+    x, x64 = run.array(run.normal((1, start, c)))
+    offsets = {r.slot: r.offset for r in packed}
+    hosts = []
+    for slot in range(n_slots):
+        kv = []
+        for _ in "kv":
+            if slot in stale:
+                a = np.zeros(shape, np.float32)
+                a[:, :, : stale[slot]] = run.normal((1, h, stale[slot], d))
+            elif slot in offsets:
+                a = run.normal(shape, scale=100.0)
+                a[:, :, : offsets[slot]] = run.normal((1, h, offsets[slot], d))
+            else:
+                a = run.normal(shape)
+            kv.append(a)
+        hosts.append(tuple(kv))
+
+    def call(slot_kv):
+        y = be.ragged_self_attention(x, *weights, slot_kv, packed, h)
+        if isinstance(y, tuple | list):
+            run.fail(f"returned a {type(y).__name__}, expected the output array [1, N, C] alone (the "
+                     "caches go back into slot_kv)")
+        if not isinstance(slot_kv, list) or len(slot_kv) != n_slots:
+            run.fail(f"slot_kv is no longer a list of {n_slots} slots")
+        got = run.host(y, "output")
+        if got.shape != (1, start, c):
+            run.fail(f"output has shape {list(got.shape)}, expected {[1, start, c]}")
+        return got
+
+    def row_name(i, r):
+        old = f" over a stale sequence of {stale[r.slot]}" if r.slot in stale else ""
+        return f"row {i} (slot {r.slot}: {r.length} tokens at offset {r.offset}{old})"
+
+    slot_kv, k_held, v_held = _ragged_slots(run, hosts)
+    got = call(slot_kv)
+    if stale:
+        fresh = [(np.zeros(shape, np.float32),) * 2 if slot in stale else kv for slot, kv in enumerate(hosts)]
+        got_fresh = call(_ragged_slots(run, fresh)[0])
+        for i, r in enumerate(packed):
+            if r.slot in stale:
+                sl = slice(r.start, r.start + r.length)
+                run.expect(got[:, sl], got_fresh[:, sl], what=f"output of {row_name(i, r)}",
+                           against="the same row in a fresh (zeroed) slot")
+
+    want, k_want, v_want = ref.ragged_self_attention(
+        x64, *weights64, h, [(r.slot, r.offset, r.start, r.length) for r in packed], k_held, v_held)
+    for i, r in enumerate(packed):
+        sl = slice(r.start, r.start + r.length)
+        run.expect(got[:, sl], want[:, sl], what=f"output of {row_name(i, r)}", factor=4)
+
+    rows_of = {r.slot: (i, r) for i, r in enumerate(packed)}
+    for slot in range(n_slots):
+        entry = slot_kv[slot]
+        if not isinstance(entry, tuple | list) or len(entry) != 2:
+            run.fail(f"slot_kv[{slot}] is a {type(entry).__name__}, expected a pair (k_cache, v_cache)")
+        for name, cache, held, wanted in (("k_cache", entry[0], k_held, k_want),
+                                          ("v_cache", entry[1], v_held, v_want)):
+            cache = run.host(cache, f"{name} of slot {slot}")
+            if cache.shape != shape:
+                run.fail(f"{name} of slot {slot} has shape {list(cache.shape)}, expected {list(shape)}")
+            if slot not in rows_of:
+                run.expect(cache, held[slot], what=f"{name} of slot {slot} (no row uses it)",
+                           against="its contents before the call")
+                continue
+            i, r = rows_of[slot]
+            new = np.zeros(length, dtype=bool)
+            new[r.offset : r.offset + r.length] = True
+            span = f"positions {r.offset}..{r.offset + r.length - 1}"
+            run.expect(cache[:, :, new], wanted[slot][:, :, new], factor=4,
+                       what=f"{name} of slot {slot} at {span} (the new {_KV[name]} of {row_name(i, r)})")
+            run.expect(cache[:, :, ~new], held[slot][:, :, ~new], against="its contents before the call",
+                       what=f"{name} of slot {slot} outside {span}")
+
+
+for _case, _what, _params in [
+    ("offsets", "x [1, 6, 15], H 3, 3 slots of 24: rows of 2, 3, 1 tokens at offsets 5, 11, 2",
+     dict(c=15, h=3, n_slots=3, length=24, rows=[(0, 5, 2), (1, 11, 3), (2, 2, 1)])),
+    ("prefill-beside-decode", "x [1, 8, 768], H 12, 3 slots of 32: a prompt of 6 at offset 0, decode "
+     "steps at offsets 20 and 31 (the last position)",
+     dict(c=768, h=12, n_slots=3, length=32, rows=[(0, 0, 6), (1, 20, 1), (2, 31, 1)])),
+    ("chunks-beside-decode", "x [1, 10, 15], H 3, 4 slots of 16: chunks of 3 at offset 4 and 5 at 7, "
+     "decode steps at 9 and 0",
+     dict(c=15, h=3, n_slots=4, length=16, rows=[(0, 4, 3), (1, 9, 1), (2, 7, 5), (3, 0, 1)])),
+    ("slot-reuse", "x [1, 6, 15], H 3, 3 slots of 24: a prompt of 4 at offset 0 in slot 1 over a stale "
+     "sequence of 20 and one of 1 in slot 2 over a stale 10, beside a decode step at 8; as in fresh slots",
+     dict(c=15, h=3, n_slots=3, length=24, rows=[(0, 8, 1), (1, 0, 4), (2, 0, 1)], stale={1: 20, 2: 10})),
+    ("slots-out-of-order", "x [1, 6, 15], H 3, 5 slots of 16: rows in slots 3, 0, 2 (2 tokens at 6, 3 at "
+     "0, 1 at 11); slots 1 and 4 unused, untouched",
+     dict(c=15, h=3, n_slots=5, length=16, rows=[(3, 6, 2), (0, 0, 3), (2, 11, 1)])),
+    ("one-row", "x [1, 4, 15], H 3, 2 slots of 12: one row of 4 tokens at offset 3 in slot 1",
+     dict(c=15, h=3, n_slots=2, length=12, rows=[(1, 3, 4)])),
+]:
+    _add("ragged_self_attention", _case, _what, _ragged_self_attention, kind="composition", **_params)
+
+
 # ------------------------------------------------------------------------------------------ KV cache
 
 
@@ -590,3 +757,49 @@ _add("model", "small", "random GPT-2 C 48, H 3, 2 layers, V 101; B 2: prefill 5,
      kind="model", n_embd=48, n_head=3, n_layer=2, vocab=101, batch=2, chunks=[5, 1, 1, 1])
 _add("model", "T1-prefill", "random GPT-2 C 40, H 5, 3 layers, V 67; B 1: prefill 1, then 4 tokens",
      _model, kind="model", n_embd=40, n_head=5, n_layer=3, vocab=67, batch=1, chunks=[1, 1, 1, 1, 1])
+
+
+def _model_ragged(run: _Run, n_embd, n_head, n_layer, vocab, n_positions, n_slots, steps) -> None:
+    """Continuous batching through `Gpt2.forward_ragged`: each step is a list of rows (sequence, slot,
+    start, end, wants logits), the row feeding tokens start..end-1 of the sequence at offset start. The
+    logits of a row equal the batch-1 `Gpt2.forward` of tokens 0..end-1 of its sequence on the numpy
+    backend in float64."""
+    from inferno.backends.numpy_backend import NumpyBackend
+    from inferno.config import Gpt2Config
+    from inferno.model import Gpt2
+
+    config = Gpt2Config(vocab_size=vocab, n_positions=n_positions, n_embd=n_embd, n_layer=n_layer,
+                        n_head=n_head, bos_token_id=vocab - 1, eos_token_id=vocab - 1)
+    weights = _random_weights(run, config)
+    lengths: dict[str, int] = {}
+    for step in steps:
+        for seq, _, _, end, _ in step:
+            lengths[seq] = max(lengths.get(seq, 0), end)
+    tokens = {seq: run.rng.integers(0, vocab, size=n) for seq, n in sorted(lengths.items())}
+    oracle = Gpt2.from_weights(config, weights, NumpyBackend("float64"))
+
+    model = Gpt2.from_weights(config, weights, run.backend)
+    slots = model.new_slots(n_slots)
+    for n, step in enumerate(steps, 1):
+        rows = [(tokens[seq][start:end].tolist(), slot, start) for seq, slot, start, end, _ in step]
+        logits_for = [keep for *_, keep in step]
+        got = run.host(model.forward_ragged(rows, slots, logits_for), f"step {n} logits")
+        wanted = [(i, row) for i, row in enumerate(step) if row[4]]
+        if got.shape != (len(wanted), vocab):
+            run.fail(f"step {n} logits have shape {list(got.shape)}, expected {[len(wanted), vocab]} (the "
+                     f"last token of the {len(wanted)} rows of {len(step)} that want logits)")
+        for j, (i, (seq, slot, start, end, _)) in enumerate(wanted):
+            want = oracle.forward(tokens[seq][None, :end])[0]
+            run.expect(got[j], want, factor=10,
+                       against="batch-1 forward of the sequence on the numpy backend in float64",
+                       what=f"step {n} logits [{j}] (row {i}: sequence {seq}, tokens {start}..{end - 1} "
+                       f"at offset {start} in slot {slot})")
+
+
+# Step 1: A's first prompt chunk (no logits), B, C and D whole prompts. Step 2, rows out of slot order: D
+# and B decode one token each, A finishes its prompt, and E (a new sequence) takes C's slot at offset 0.
+_add("model", "ragged", "random GPT-2 C 48, H 3, 2 layers, V 101, 5 slots of 16 (forward_ragged): step 1 "
+     "prefills A[0:5] (no logits), B[0:4], C[0:6], D[0:12]; step 2 D[12], A[5:9], E[0:2] in C's slot, B[4]",
+     _model_ragged, kind="model", n_embd=48, n_head=3, n_layer=2, vocab=101, n_positions=16, n_slots=5,
+     steps=[[("A", 2, 0, 5, False), ("B", 0, 0, 4, True), ("C", 3, 0, 6, True), ("D", 1, 0, 12, True)],
+            [("D", 1, 12, 13, True), ("A", 2, 5, 9, True), ("E", 3, 0, 2, True), ("B", 0, 4, 5, True)]])

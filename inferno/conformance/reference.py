@@ -40,6 +40,10 @@ def softmax(x):
 
 
 def embedding(wte, wpe, ids, offset):
+    """`offset` an int: positions offset .. offset + T - 1; or an integer array shaped like `ids`: each
+    token's own position (a ragged batch)."""
+    if not isinstance(offset, int | np.integer):
+        return f64(wte)[ids] + f64(wpe)[np.asarray(offset)]
     t = ids.shape[-1]
     return f64(wte)[ids] + f64(wpe)[offset : offset + t]
 
@@ -94,3 +98,26 @@ def self_attention(x, w_attn, b_attn, w_proj, b_proj, n_head, k_past=None, v_pas
         k, v = np.concatenate([f64(k_past), k], axis=2), np.concatenate([f64(v_past), v], axis=2)
     y = merge_heads(attention(q, k, v, offset))
     return linear(y, w_proj, b_proj), k, v
+
+
+def ragged_self_attention(x, w_attn, b_attn, w_proj, b_proj, n_head, rows, k_slots, v_slots):
+    """`self_attention` of a ragged batch, row by row, each row over its own slot only.
+
+    x: [1, N, C]; rows: (slot, offset, start, length) tuples; k_slots, v_slots: per slot
+    [1, H, P, D]. Row r is the batch-1 self-attention of ``x[:, start : start + length]`` after the past
+    ``k_slots[slot][:, :, :offset]`` (anything past it, stale or not, is ignored). Returns (output
+    [1, N, C], k_slots, v_slots) with copies of the slots holding each row's new keys/values at positions
+    offset .. offset + length - 1.
+    """
+    x = f64(x)
+    out = np.zeros(x.shape[:2] + (w_proj.shape[-1],))
+    k_slots, v_slots = [f64(k).copy() for k in k_slots], [f64(v).copy() for v in v_slots]
+    for row in rows:
+        slot, offset, start, length = row
+        end = start + length
+        k_past, v_past = k_slots[slot][:, :, :offset], v_slots[slot][:, :, :offset]
+        y, k, v = self_attention(x[:, start:end], w_attn, b_attn, w_proj, b_proj, n_head, k_past, v_past)
+        out[:, start:end] = y
+        k_slots[slot][:, :, offset : offset + length] = k[:, :, offset:]
+        v_slots[slot][:, :, offset : offset + length] = v[:, :, offset:]
+    return out, k_slots, v_slots
