@@ -92,7 +92,8 @@ def _generate_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="inferno",
         description="Generate text with GPT-2 (124M) on the CPU.",
-        epilog="Subcommands: 'inferno score FILE' gives a text's perplexity; 'inferno backends [--json]' "
+        epilog="Subcommands: 'inferno score FILE' gives a text's perplexity; 'inferno batch IN -o OUT' "
+        "generates for a JSONL file of prompts; 'inferno backends [--json]' "
         "lists compute backends; 'inferno bench' measures them. To use a subcommand's name as the prompt, "
         "put it after '--': inferno -- backends",
     )
@@ -263,6 +264,12 @@ def _run_backends(argv: Sequence[str]) -> int:
     return 0
 
 
+def _run_batch(argv: Sequence[str]) -> int:
+    from inferno.batch import run_batch_cli
+
+    return run_batch_cli(argv)
+
+
 def _run_bench(argv: Sequence[str]) -> int:
     from inferno.bench import run_bench_cli  # imported only when asked for: it is not small
 
@@ -270,7 +277,7 @@ def _run_bench(argv: Sequence[str]) -> int:
 
 
 SUBCOMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
-    "backends": _run_backends, "bench": _run_bench, "score": _run_score,
+    "backends": _run_backends, "batch": _run_batch, "bench": _run_bench, "score": _run_score,
 }
 
 

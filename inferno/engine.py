@@ -64,7 +64,9 @@ class Handle:
         self.state = state
         self.error: BaseException | None = None
         self.submitted = time.perf_counter()
+        self.admitted: float | None = None  # when it got a slot
         self.finished: float | None = None
+        self._callbacks: list[Callable[[Handle], None]] = []
         self._events: queue.SimpleQueue[Step | None] = queue.SimpleQueue()
         self._done = threading.Event()
         self._cancel = False
@@ -91,6 +93,14 @@ class Handle:
                 return
             yield event
 
+    def add_done_callback(self, fn: Callable[[Handle], None]) -> None:
+        """Call `fn(handle)` once it has ended (at once if it has), from the engine's thread."""
+        with self.engine._cv:
+            if not self._done.is_set():
+                self._callbacks.append(fn)
+                return
+        fn(self)
+
     def wait(self, timeout: float | None = None) -> bool:
         return self._done.wait(timeout)
 
@@ -101,8 +111,10 @@ class Handle:
         if self.error is not None:
             raise self.error
         s = self.state
+        # Generation time, from getting a slot (not from submission: waiting in the queue is not it).
+        start = self.admitted or self.finished or self.submitted
         return GenerationResult(self.prompt_ids, list(s.ids), s.text, s.finish_reason or "length",
-                                (self.finished or self.submitted) - self.submitted,
+                                (self.finished or start) - start,
                                 self.engine.model.backend.name, s.logprobs, s.stop_reason)
 
     # The engine's side.
@@ -111,12 +123,16 @@ class Handle:
         self._events.put(step)
 
     def _end(self, error: BaseException | None = None) -> None:
-        if self._done.is_set():
-            return
-        self.error = error
-        self.finished = time.perf_counter()
-        self._done.set()
+        with self.engine._cv:
+            if self._done.is_set():
+                return
+            self.error = error
+            self.finished = time.perf_counter()
+            self._done.set()
+            callbacks, self._callbacks = self._callbacks, []
         self._events.put(None)
+        for fn in callbacks:
+            fn(self)
 
 
 @dataclass
@@ -271,6 +287,11 @@ class Engine:
         with self._cv:
             self._cv.notify_all()
 
+    @property
+    def alive(self) -> bool:
+        """Whether the step loop is running (it starts with the first submission)."""
+        return self._thread is not None and self._thread.is_alive() and not self._closed
+
     def _loop(self) -> None:
         while True:
             with self._cv:
@@ -278,7 +299,13 @@ class Engine:
                     self._cv.wait()
                 if self._closed:
                     return
-            self.step()
+            try:
+                self.step()
+            except Exception as exc:  # never let the loop die with requests in it: fail them instead
+                with self._step_lock:
+                    for seq in [*self._running, *self._waiting]:
+                        self._finish(seq, None, exc)
+                    self._waiting.clear()
 
     def step(self) -> bool:
         """Run one step; False when there was nothing to do. The loop thread calls it; call it yourself
@@ -307,6 +334,7 @@ class Engine:
             while self._free and self._waiting:
                 seq = self._waiting.popleft()
                 seq.slot = self._free.pop()
+                seq.handle.admitted = time.perf_counter()
                 self._running.append(seq)
             self._cv.notify_all()  # room in the queue for blocked submitters
 

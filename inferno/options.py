@@ -103,7 +103,7 @@ class GenerationOptions:
             stop = ()
         elif isinstance(stop, str):
             stop = (stop,)
-        elif not isinstance(stop, Iterable):
+        elif isinstance(stop, Mapping) or not isinstance(stop, Iterable):
             raise OptionError("stop", f"must be a string or a list of strings, got {stop!r}")
         stop = tuple(stop)
         for s in stop:
@@ -114,7 +114,7 @@ class GenerationOptions:
         set_(self, "stop", tuple(dict.fromkeys(stop)))  # duplicates removed, order kept
 
         ids = () if self.stop_ids is None else self.stop_ids
-        if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
+        if isinstance(ids, (str, bytes, Mapping)) or not isinstance(ids, Iterable):
             raise OptionError("stop_ids", f"must be a list of token ids, got {ids!r}")
         set_(self, "stop_ids", frozenset(_token_id("stop_ids", i) for i in ids))
 
