@@ -143,6 +143,15 @@ class _Sequence:
     slot: int = -1
     cached: int = 0  # tokens of this sequence in its slot
     next_token: int | None = None  # the last chosen token, to feed in the next step
+    #: Sequences of the same prompt (`submit_many`): they wait, holding their slots, until this one's
+    #: prefill is done, then copy its KV cache and sample their first token from the same logits.
+    followers: list[_Sequence] = field(default_factory=list)
+    #: A leader whose own request was cancelled, still prefilling for its followers.
+    ghost: bool = False
+
+    @property
+    def size(self) -> int:
+        return 1 + len(self.followers)
 
 
 @dataclass
@@ -161,7 +170,8 @@ class Engine:
     `slots`: sequences run at once (each takes one KV slot); `max_queue`: requests that may wait for a
     slot (None: no bound) beyond which `submit` raises `QueueFullError`; `prefill_chunk`: prompt tokens
     run per step; `sample_limit`: ids below it may be generated (a padded vocabulary); `decoder`: a
-    factory of incremental text decoders, needed for stop strings (the pipeline passes its tokenizer's).
+    factory of incremental text decoders, needed for stop strings (the pipeline passes its tokenizer's);
+    `autostart`: start the step loop thread on the first submission (False: call `step` yourself).
     """
 
     def __init__(
@@ -173,6 +183,7 @@ class Engine:
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
         sample_limit: int | None = None,
         decoder: Callable[[], TextDecoder] | None = None,
+        autostart: bool = True,
     ) -> None:
         for name, value in (("slots", slots), ("prefill_chunk", prefill_chunk)):
             if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
@@ -185,6 +196,7 @@ class Engine:
         self.prefill_chunk = int(prefill_chunk)
         self.sample_limit = sample_limit
         self.decoder = decoder
+        self.autostart = autostart
         self.slots: KvSlots = model.new_slots(int(slots))
         self.stats = EngineStats()
         self._free = list(range(int(slots)))[::-1]  # a stack: the lowest slot is taken first
@@ -211,24 +223,46 @@ class Engine:
         """Queue a request; raises at once if the request is invalid (`GenerationError`,
         `OptionError`), the queue is full (`QueueFullError`; with `block`, wait up to `timeout` for room)
         or the engine is closed. `stop_ids` end it in addition to the options' own (e.g. <|endoftext|>).
-        The step loop starts on the first submission (see `start`)."""
+        The step loop starts on the first submission (see `start` and `autostart`)."""
+        return self.submit_many(prompt_ids, max_new_tokens, [options or GenerationOptions()],
+                                stop_ids=stop_ids, block=block, timeout=timeout)[0]
+
+    def submit_many(
+        self,
+        prompt_ids: Sequence[int],
+        max_new_tokens: int,
+        options: Sequence[GenerationOptions],
+        *,
+        stop_ids: Iterable[int] = (),
+        block: bool = False,
+        timeout: float | None = None,
+    ) -> list[Handle]:
+        """Several sequences of one prompt (an OpenAI request with n > 1), one per entry of `options`:
+        the prompt is prefilled once and its KV cache copied to the others, which then sample their own
+        continuations. They are admitted together, so there must be as many slots."""
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, Integral) or max_new_tokens < 0:
             raise GenerationError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+        if not 1 <= len(options) <= self.slots.n_slots:
+            raise EngineError(f"{len(options)} sequences of one prompt need as many KV slots; the engine "
+                              f"has {self.slots.n_slots}")
         prompt = check_ids(prompt_ids, self.model.config)
-        options = options or GenerationOptions()
-        options.check_vocab(self.model.config.vocab_size if self.sample_limit is None else self.sample_limit)
-        decoder = self.decoder() if self.decoder is not None else None
-        state = SequenceState(options, prompt, decoder, stop_ids)
-        handle = Handle(self, next(self._ids), prompt, state)
+        stop_ids = tuple(stop_ids)
+        limit = self.model.config.vocab_size if self.sample_limit is None else self.sample_limit
         budget = min(int(max_new_tokens), self.model.config.n_positions - len(prompt))
-        seq = _Sequence(handle, prompt, budget)
+        seqs = []
+        for o in options:
+            o.check_vocab(limit)
+            state = SequenceState(o, prompt, self.decoder() if self.decoder is not None else None, stop_ids)
+            seqs.append(_Sequence(Handle(self, next(self._ids), prompt, state), prompt, budget))
+        handles = [q.handle for q in seqs]
         with self._cv:
             if self._closed:
                 raise EngineClosedError("the engine is closed")
             if budget <= 0:  # nothing to generate: done without taking a slot
-                state.finish("length")
-                handle._end()
-                return handle
+                for q in seqs:
+                    q.handle.state.finish("length")
+                    q.handle._end()
+                return handles
             deadline = None if timeout is None else time.monotonic() + timeout
             while self.max_queue is not None and len(self._waiting) >= self.max_queue:
                 left = None if deadline is None else deadline - time.monotonic()
@@ -238,10 +272,13 @@ class Engine:
                 self._cv.wait(left)
                 if self._closed:
                     raise EngineClosedError("the engine is closed")
-            self._waiting.append(seq)
+            leader = seqs[0]
+            leader.followers = seqs[1:]
+            self._waiting.append(leader)
             self._cv.notify_all()
-        self.start()
-        return handle
+        if self.autostart:
+            self.start()
+        return handles
 
     @property
     def waiting(self) -> int:
@@ -273,7 +310,7 @@ class Engine:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
         with self._step_lock:
-            for seq in [*self._running, *self._waiting]:
+            for seq in self._everyone():
                 self._finish(seq, "cancelled")
             self._waiting.clear()
 
@@ -282,6 +319,14 @@ class Engine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _everyone(self) -> list[_Sequence]:
+        """Every sequence not yet ended: running, waiting, and the followers waiting on either."""
+        leaders = [*self._running, *self._waiting]
+        out = [*leaders, *(f for q in leaders for f in q.followers)]
+        for q in leaders:
+            q.followers = []
+        return out
 
     def _wake(self) -> None:
         with self._cv:
@@ -303,13 +348,13 @@ class Engine:
                 self.step()
             except Exception as exc:  # never let the loop die with requests in it: fail them instead
                 with self._step_lock:
-                    for seq in [*self._running, *self._waiting]:
+                    for seq in self._everyone():
                         self._finish(seq, None, exc)
                     self._waiting.clear()
 
     def step(self) -> bool:
         """Run one step; False when there was nothing to do. The loop thread calls it; call it yourself
-        only on an engine whose loop was never started."""
+        on an engine made with ``autostart=False``."""
         with self._step_lock:
             start = time.perf_counter()
             self._admit()
@@ -326,15 +371,30 @@ class Engine:
 
     def _admit(self) -> None:
         with self._cv:
-            for seq in [s for s in self._running if s.handle._cancel]:
-                self._finish(seq, "cancelled")
+            for leader in [*self._running, *self._waiting]:
+                for f in [f for f in leader.followers if f.handle._cancel]:
+                    leader.followers.remove(f)
+                    self._finish(f, "cancelled")
+            for seq in [s for s in self._running if s.handle._cancel and not s.ghost]:
+                if seq.followers and seq.cached < len(seq.prompt):
+                    seq.ghost = True  # keep prefilling for the others
+                    seq.handle.state.finish("cancelled")
+                    self.stats.finished["cancelled"] += 1
+                    seq.handle._end()
+                else:
+                    self._finish(seq, "cancelled")
             for seq in [s for s in self._waiting if s.handle._cancel]:
                 self._waiting.remove(seq)
                 self._finish(seq, "cancelled")
-            while self._free and self._waiting:
+                if seq.followers:  # the next one leads the group in its place
+                    seq.followers[0].followers = seq.followers[1:]
+                    self._waiting.appendleft(seq.followers[0])
+            # First come, first served: a group waits until it has all its slots.
+            while self._waiting and len(self._free) >= self._waiting[0].size:
                 seq = self._waiting.popleft()
-                seq.slot = self._free.pop()
-                seq.handle.admitted = time.perf_counter()
+                for q in (seq, *seq.followers):
+                    q.slot = self._free.pop()
+                    q.handle.admitted = time.perf_counter()
                 self._running.append(seq)
             self._cv.notify_all()  # room in the queue for blocked submitters
 
@@ -363,25 +423,57 @@ class Engine:
             seq.cached += len(row[0])
             if not wanted:
                 continue
-            try:
-                state = seq.handle.state
-                step = state.step(logits[k, : self.sample_limit], last=len(state.ids) + 1 >= seq.budget)
-            except Exception as exc:  # a failure of this sequence only
-                self._finish(seq, None, exc)
-                k += 1
-                continue
+            row_logits = logits[k, : self.sample_limit]
             k += 1
-            self.stats.tokens += 1
-            seq.next_token = step.id
-            seq.handle._put(step)
-            if step.finish_reason is not None:
-                self._finish(seq, step.finish_reason)
+            if seq.followers:  # its prefill is done: the group's other sequences start from it
+                self._start_followers(seq, row_logits)
+            if seq.ghost:
+                self._running.remove(seq)
+                self._free.append(seq.slot)
+                continue
+            self._sample(seq, row_logits)
+
+    def _start_followers(self, leader: _Sequence, logits) -> None:
+        be, n = self.model.backend, leader.cached
+        with self._cv:
+            followers, leader.followers = leader.followers, []
+        for layer in self.slots.layers:
+            k_src, v_src = layer[leader.slot]
+            for f in followers:
+                k, v = layer[f.slot]
+                layer[f.slot] = be.write_kv(k, v, k_src[:, :, :n, :], v_src[:, :, :n, :], 0)
+        for f in followers:
+            f.cached = n
+            self._running.append(f)
+            self._sample(f, logits)
+
+    def _sample(self, seq: _Sequence, logits) -> None:
+        try:
+            state = seq.handle.state
+            step = state.step(logits, last=len(state.ids) + 1 >= seq.budget)
+        except Exception as exc:  # a failure of this sequence only
+            self._finish(seq, None, exc)
+            return
+        self.stats.tokens += 1
+        seq.next_token = step.id
+        seq.handle._put(step)
+        if step.finish_reason is not None:
+            self._finish(seq, step.finish_reason)
 
     def _finish(self, seq: _Sequence, reason: str | None, error: BaseException | None = None) -> None:
-        """End a sequence (reason "cancelled" or its own finish reason; or an error) and free its slot."""
+        """End a sequence (reason "cancelled" or its own finish reason; or an error) and free its slot;
+        with an error, the followers waiting on it share its fate."""
         if seq in self._running:
             self._running.remove(seq)
+        if seq.slot >= 0:
             self._free.append(seq.slot)
+            seq.slot = -1
+        if error is not None:
+            for f in seq.followers:
+                self._finish(f, None, error)
+            seq.followers = []
+        if seq.ghost:
+            return
         if reason == "cancelled":
             seq.handle.state.finish("cancelled")
         self.stats.finished[reason or "error"] += 1

@@ -291,3 +291,45 @@ def test_slot_memory():
 def test_engine_without_a_decoder_rejects_stop_strings(pipe):
     with Engine(pipe.model, slots=1) as engine, pytest.raises(OptionError, match="stop"):
         engine.submit([1, 2], 3, GenerationOptions(stop="x"))
+
+
+def test_n_sequences_of_one_prompt_share_its_prefill(pipe):
+    prompt = pipe.encode("Several continuations of one prompt")
+    options = [GenerationOptions(temperature=1.0, seed=s, logprobs=1) for s in range(4)]
+    with pipe.engine(slots=4, prefill_chunk=4) as engine:
+        handles = engine.submit_many(prompt, 8, options)
+        results = [h.result(timeout=60) for h in handles]
+        assert engine.stats.prompt_tokens == len(prompt)  # prefilled once, not four times
+    for seed, r in enumerate(results):
+        alone = pipe.generate(prompt, max_new_tokens=8, stop_at_eos=False, temperature=1.0, seed=seed,
+                              logprobs=1)
+        assert r.ids == alone.ids
+        np.testing.assert_allclose([x.logprob for x in r.logprobs], [x.logprob for x in alone.logprobs],
+                                   atol=1e-5)
+    assert len({tuple(r.ids) for r in results}) > 1
+
+
+@pytest.mark.parametrize("when", ["waiting", "prefilling"])
+def test_cancelled_group_members(pipe, when):
+    prompt = pipe.encode("A group whose leader leaves " * 3)
+    options = [GenerationOptions(temperature=1.0, seed=s) for s in range(3)]
+    engine = Engine(pipe.model, slots=3, prefill_chunk=2, autostart=False)
+    leader, stays, leaves = engine.submit_many(prompt, 5, options)
+    if when == "prefilling":
+        engine.step()  # admitted; two of its prompt tokens are in
+        assert engine.running == 1 and 0 < engine._running[0].cached < len(prompt)
+    leader.cancel()
+    leaves.cancel()
+    for _ in range(100):
+        if not engine.step():
+            break
+    assert leader.finish_reason == "cancelled" and leaves.finish_reason == "cancelled"
+    alone = pipe.generate(prompt, max_new_tokens=5, stop_at_eos=False, temperature=1.0, seed=1)
+    assert stays.result(timeout=1).ids == alone.ids
+    assert engine.free_slots == 3 and engine.running == 0
+    engine.close()
+
+
+def test_a_group_needs_as_many_slots(pipe):
+    with pipe.engine(slots=2) as engine, pytest.raises(EngineError, match="3 sequences of one prompt"):
+        engine.submit_many([1, 2], 3, [GenerationOptions()] * 3)
