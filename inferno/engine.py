@@ -17,12 +17,13 @@ Submissions and cancellations may come from any thread while the step loop runs 
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import itertools
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from numbers import Integral
 
@@ -68,6 +69,8 @@ class Handle:
         self.finished: float | None = None
         self._callbacks: list[Callable[[Handle], None]] = []
         self._events: queue.SimpleQueue[Step | None] = queue.SimpleQueue()
+        self._listener: Callable[[Step | None], None] | None = None  # set by `steps_async`
+        self._lock = threading.Lock()
         self._done = threading.Event()
         self._cancel = False
 
@@ -87,6 +90,29 @@ class Handle:
     def __iter__(self) -> Iterator[Step]:
         while True:
             event = self._events.get()
+            if event is None:
+                if self.error is not None:
+                    raise self.error
+                return
+            yield event
+
+    async def steps_async(self) -> AsyncIterator[Step]:
+        """The steps, for an asyncio consumer (a server): awaits each without blocking the event loop.
+        Iterate a handle once, either this way or with a plain ``for``."""
+        loop = asyncio.get_running_loop()
+        inbox: asyncio.Queue[Step | None] = asyncio.Queue()
+        with self._lock:
+            backlog = []
+            while True:
+                try:
+                    backlog.append(self._events.get_nowait())
+                except queue.Empty:
+                    break
+            self._listener = lambda event: loop.call_soon_threadsafe(inbox.put_nowait, event)
+        for event in backlog:
+            inbox.put_nowait(event)
+        while True:
+            event = await inbox.get()
             if event is None:
                 if self.error is not None:
                     raise self.error
@@ -119,8 +145,12 @@ class Handle:
 
     # The engine's side.
 
-    def _put(self, step: Step) -> None:
-        self._events.put(step)
+    def _put(self, event: Step | None) -> None:
+        with self._lock:
+            if self._listener is not None:
+                self._listener(event)
+            else:
+                self._events.put(event)
 
     def _end(self, error: BaseException | None = None) -> None:
         with self.engine._cv:
@@ -130,7 +160,7 @@ class Handle:
             self.finished = time.perf_counter()
             self._done.set()
             callbacks, self._callbacks = self._callbacks, []
-        self._events.put(None)
+        self._put(None)
         for fn in callbacks:
             fn(self)
 

@@ -333,3 +333,16 @@ def test_cancelled_group_members(pipe, when):
 def test_a_group_needs_as_many_slots(pipe):
     with pipe.engine(slots=2) as engine, pytest.raises(EngineError, match="3 sequences of one prompt"):
         engine.submit_many([1, 2], 3, [GenerationOptions()] * 3)
+
+
+def test_steps_async_for_an_event_loop(pipe):
+    import asyncio
+
+    async def consume(engine):
+        handle = pipe.submit(engine, "Async client", 6, stop_at_eos=False)
+        await asyncio.sleep(0.05)  # some steps may already be waiting: none is lost
+        return [s.id async for s in handle.steps_async()]
+
+    with pipe.engine(slots=2) as engine:
+        ids = asyncio.run(consume(engine))
+    assert ids == pipe.generate("Async client", max_new_tokens=6, stop_at_eos=False).ids
