@@ -1,0 +1,141 @@
+"""Continuous batching: aggregate decode throughput by concurrency, chunked prefill, batch 1 through the
+engine; side by side in ONE run (124M-shape random weights).
+
+    python benches/batching.py [--repeat 3] [--backends numpy,cpu-threaded] [--sizes 1,2,4,8,16,32]
+
+* Aggregate decode: N sequences (8-token prompts) decode `--new-tokens` tokens together through
+  `Engine.step`; tok/s counts the tokens of the decode steps only (prefill excluded), and the ratio is to
+  N = 1 of the same backend, as the median of the per-repeat ratios. Repeats interleave the sizes.
+* Batch 1 through the engine vs the batch-1 `generate_tokens` loop: ms per decode token.
+* Chunked prefill: 8 sequences decode while a 1,000-token prompt is admitted; the longest gap between two
+  tokens of a running sequence, relative to their median gap (target <= 4x), for a few chunk sizes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+from inferno.backends.registry import get_backend
+from inferno.bench import GPT2_124M, prompt_ids, random_weights
+from inferno.engine import Engine
+from inferno.generate import generate_tokens
+from inferno.model import Gpt2
+
+PROMPT, PAUSE = 8, 0.3
+
+
+def decode_tok_s(model: Gpt2, n: int, new_tokens: int) -> float:
+    """Aggregate tok/s of n sequences decoding together (their prefill is not timed)."""
+    engine = Engine(model, slots=n, prefill_chunk=PROMPT * n, autostart=False)
+    vocab = model.config.vocab_size
+    handles = [engine.submit(prompt_ids(PROMPT, vocab, seed=i), new_tokens) for i in range(n)]
+    engine.step()  # every prompt prefilled, the first token of each chosen
+    assert all(len(h.state.ids) == 1 for h in handles)
+    before, start = engine.stats.tokens, time.perf_counter()
+    while engine.step():
+        pass
+    seconds = time.perf_counter() - start
+    engine.close()
+    return (engine.stats.tokens - before) / seconds
+
+
+def batch1_ms(model: Gpt2, new_tokens: int) -> float:
+    stream = iter(generate_tokens(model, prompt_ids(PROMPT, model.config.vocab_size, seed=0), new_tokens))
+    next(stream)  # the prefill and the first token
+    start = time.perf_counter()
+    n = sum(1 for _ in stream)
+    return (time.perf_counter() - start) / n * 1e3
+
+
+def prefill_gaps(model: Gpt2, chunk: int, long_prompt: int = 1000, decoders: int = 8) -> tuple[float, float]:
+    """(longest gap / median gap, median gap in ms) of `decoders` sequences while a long prompt arrives."""
+    engine = Engine(model, slots=decoders + 1, prefill_chunk=chunk, autostart=False)
+    vocab = model.config.vocab_size
+    handles = [engine.submit(prompt_ids(PROMPT, vocab, seed=i), 400) for i in range(decoders)]
+    for _ in range(3):
+        engine.step()
+    stamps: list[list[float]] = [[] for _ in handles]
+    counts = [len(h.state.ids) for h in handles]
+
+    def mark() -> None:
+        now = time.perf_counter()
+        for i, h in enumerate(handles):
+            if len(h.state.ids) > counts[i]:
+                counts[i] = len(h.state.ids)
+                stamps[i].append(now)
+
+    for _ in range(5):  # steady decoding first
+        engine.step()
+        mark()
+    long = engine.submit(prompt_ids(long_prompt, model.config.vocab_size, seed=99), 4)
+    while not long.state.ids:
+        engine.step()
+        mark()
+    for _ in range(5):
+        engine.step()
+        mark()
+    engine.close()
+    gaps = [b - a for s in stamps for a, b in zip(s, s[1:], strict=False)]
+    return max(gaps) / statistics.median(gaps), statistics.median(gaps) * 1e3
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--backends", default="numpy,cpu-threaded")
+    parser.add_argument("--sizes", default="1,2,4,8,16,32")
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--chunks", default="16,32,64")
+    args = parser.parse_args(argv)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    weights = random_weights()
+    models = {name: Gpt2.from_weights(GPT2_124M, weights, get_backend(name))
+              for name in args.backends.split(",")}
+    tok_s = {(b, n): [] for b in models for n in sizes}
+    b1 = {b: {"engine": [], "loop": []} for b in models}
+    for model in models.values():
+        decode_tok_s(model, 2, 4)  # warm-up
+    for r in range(args.repeat):
+        print(f"repeat {r + 1}/{args.repeat}", file=sys.stderr)
+        for b, model in models.items():
+            for n in sizes:
+                time.sleep(PAUSE)
+                tok_s[b, n].append(decode_tok_s(model, n, args.new_tokens))
+            time.sleep(PAUSE)
+            b1[b]["loop"].append(batch1_ms(model, args.new_tokens))
+            time.sleep(PAUSE)
+            b1[b]["engine"].append(1e3 / decode_tok_s(model, 1, args.new_tokens))
+
+    print(f"`python benches/batching.py {' '.join(argv if argv is not None else sys.argv[1:])}` "
+          f"(124M shape, {PROMPT}-token prompts, {args.new_tokens} new tokens, medians of {args.repeat})\n")
+    print("| sequences | " + " | ".join(f"{b} tok/s | {b} vs 1" for b in models) + " |")
+    print("| --: | " + " | ".join("--: | --:" for _ in models) + " |")
+    for n in sizes:
+        cells = []
+        for b in models:
+            ratios = [x / y for x, y in zip(tok_s[b, n], tok_s[b, sizes[0]], strict=True)]
+            cells.append(f"{statistics.median(tok_s[b, n]):.1f} | {statistics.median(ratios):.2f}x "
+                         f"({min(ratios):.2f}-{max(ratios):.2f})")
+        print(f"| {n} | " + " | ".join(cells) + " |")
+    print("\n| backend | batch-1 loop ms/token | engine, 1 sequence, ms/token | engine / loop speed |")
+    print("| --- | --: | --: | --: |")
+    for b in models:
+        ratios = [x / y for x, y in zip(b1[b]["loop"], b1[b]["engine"], strict=True)]
+        print(f"| {b} | {statistics.median(b1[b]['loop']):.2f} | {statistics.median(b1[b]['engine']):.2f} | "
+              f"{statistics.median(ratios):.2f}x |")
+    print("\n| backend | prefill chunk | longest gap / median gap | median gap ms |")
+    print("| --- | --: | --: | --: |")
+    for b, model in models.items():
+        for chunk in (int(c) for c in args.chunks.split(",")):
+            worst, median = prefill_gaps(model, chunk)
+            print(f"| {b} | {chunk} | {worst:.2f}x | {median:.1f} |")
+    for model in models.values():
+        model.backend.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
