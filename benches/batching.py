@@ -4,8 +4,8 @@ engine; side by side in ONE run (124M-shape random weights).
     python benches/batching.py [--repeat 3] [--backends numpy,cpu-threaded] [--sizes 1,2,4,8,16,32]
 
 * Aggregate decode: N sequences (8-token prompts) decode `--new-tokens` tokens together through
-  `Engine.step`; tok/s counts the tokens of the decode steps only (prefill excluded), and the ratio is to
-  N = 1 of the same backend, as the median of the per-repeat ratios. Repeats interleave the sizes.
+  `Engine.step`; tok/s is N over the median decode step (prefill excluded), and the ratio is to N = 1 of
+  the same backend, as the median of the per-repeat ratios (and their range). Repeats interleave sizes.
 * Batch 1 through the engine vs the batch-1 `generate_tokens` loop: ms per decode token.
 * Chunked prefill: 8 sequences decode while a 1,000-token prompt is admitted; the longest gap between two
   tokens of a running sequence, relative to their median gap (target <= 4x), for a few chunk sizes.
@@ -28,26 +28,34 @@ PROMPT, PAUSE = 8, 0.3
 
 
 def decode_tok_s(model: Gpt2, n: int, new_tokens: int) -> float:
-    """Aggregate tok/s of n sequences decoding together (their prefill is not timed)."""
+    """Aggregate tok/s of n sequences decoding together: n over the median time of one decode step
+    (their prefill is not timed; the median keeps a step disturbed by another process out)."""
     engine = Engine(model, slots=n, prefill_chunk=PROMPT * n, autostart=False)
     vocab = model.config.vocab_size
     handles = [engine.submit(prompt_ids(PROMPT, vocab, seed=i), new_tokens) for i in range(n)]
     engine.step()  # every prompt prefilled, the first token of each chosen
     assert all(len(h.state.ids) == 1 for h in handles)
-    before, start = engine.stats.tokens, time.perf_counter()
-    while engine.step():
-        pass
-    seconds = time.perf_counter() - start
+    steps = []
+    while True:
+        start = time.perf_counter()
+        if not engine.step():
+            break
+        steps.append(time.perf_counter() - start)
     engine.close()
-    return (engine.stats.tokens - before) / seconds
+    assert all(len(h.state.ids) == new_tokens for h in handles)
+    return n / statistics.median(steps)
 
 
 def batch1_ms(model: Gpt2, new_tokens: int) -> float:
+    """Median ms per decode token of the batch-1 loop."""
     stream = iter(generate_tokens(model, prompt_ids(PROMPT, model.config.vocab_size, seed=0), new_tokens))
     next(stream)  # the prefill and the first token
-    start = time.perf_counter()
-    n = sum(1 for _ in stream)
-    return (time.perf_counter() - start) / n * 1e3
+    times, start = [], time.perf_counter()
+    for _ in stream:
+        now = time.perf_counter()
+        times.append(now - start)
+        start = now
+    return statistics.median(times) * 1e3
 
 
 def prefill_gaps(model: Gpt2, chunk: int, long_prompt: int = 1000, decoders: int = 8) -> tuple[float, float]:

@@ -196,8 +196,10 @@ class LogitsProcessor:
         o = self.options
         z = np.array(logits, dtype=np.float64)
         if o.repetition_penalty != 1.0 and self._seen.size:
-            s = z[self._seen]
-            z[self._seen] = np.where(s < 0, s * o.repetition_penalty, s / o.repetition_penalty)
+            # A prompt may hold ids past the sampled ones (a vocabulary padded past the tokenizer's).
+            seen = self._seen[: np.searchsorted(self._seen, z.shape[0])]
+            s = z[seen]
+            z[seen] = np.where(s < 0, s * o.repetition_penalty, s / o.repetition_penalty)
         if (o.frequency_penalty or o.presence_penalty) and self._count_ids.size:
             z[self._count_ids] -= o.frequency_penalty * self._count_values + o.presence_penalty
         if self._bias_ids.size:
@@ -239,10 +241,28 @@ def top_logprobs(logprobs: np.ndarray, n: int) -> list[tuple[int, float]]:
     return [(int(i), float(logprobs[i])) for i in ids]
 
 
+def logsumexp(row: np.ndarray) -> float:
+    """log(sum(exp(row))) of one row, in float64 (one temporary the size of the row)."""
+    m = float(row.max())
+    z = np.asarray(row, dtype=np.float64) - m
+    np.exp(z, out=z)
+    return m + math.log(z.sum())
+
+
 def token_logprob(logits: np.ndarray, token: int, n: int) -> TokenLogprob:
-    """`token`'s log-probability under the raw `logits` row and the n most likely alternatives."""
-    lp = log_softmax(logits)
-    return TokenLogprob(int(token), float(lp[token]), top_logprobs(lp, n))
+    """`token`'s log-probability under the raw `logits` row and the n most likely alternatives.
+
+    The same as indexing `log_softmax(logits)`, without building the whole float64 row: every value is
+    ``float64(logit) - logsumexp``, so a token's logprob and its entry among the top are the same float.
+    """
+    lse = logsumexp(logits)
+    top = []
+    if n > 0:
+        n = min(n, logits.shape[-1])
+        ids = np.argpartition(-logits, n - 1)[:n] if n < logits.shape[-1] else np.arange(n)
+        ids = ids[np.lexsort((ids, -logits[ids]))]  # float32 → float64 keeps the order
+        top = [(int(i), float(np.float64(logits[i]) - lse)) for i in ids]
+    return TokenLogprob(int(token), float(np.float64(logits[token]) - lse), top)
 
 
 class StopStrings:
