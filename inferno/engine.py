@@ -147,10 +147,13 @@ class Handle:
 
     def _put(self, event: Step | None) -> None:
         with self._lock:
-            if self._listener is not None:
-                self._listener(event)
-            else:
+            if self._listener is None:
                 self._events.put(event)
+                return
+            try:
+                self._listener(event)
+            except RuntimeError:  # the consumer's event loop is closed: nobody is listening any more
+                self._cancel = True
 
     def _end(self, error: BaseException | None = None) -> None:
         with self.engine._cv:
@@ -198,7 +201,8 @@ class Engine:
     """Continuous batching over a `Gpt2`: `submit` requests, iterate their handles.
 
     `slots`: sequences run at once (each takes one KV slot); `max_queue`: requests that may wait for a
-    slot (None: no bound) beyond which `submit` raises `QueueFullError`; `prefill_chunk`: prompt tokens
+    slot beyond those the free slots will take (None: no bound; 0: only what fits now), beyond which
+    `submit` raises `QueueFullError`; `prefill_chunk`: prompt tokens
     run per step; `sample_limit`: ids below it may be generated (a padded vocabulary); `decoder`: a
     factory of incremental text decoders, needed for stop strings (the pipeline passes its tokenizer's);
     `autostart`: start the step loop thread on the first submission (False: call `step` yourself).
@@ -294,7 +298,8 @@ class Engine:
                     q.handle._end()
                 return handles
             deadline = None if timeout is None else time.monotonic() + timeout
-            while self.max_queue is not None and len(self._waiting) >= self.max_queue:
+            # Requests that a free slot will take at the next step do not count as queued.
+            while self.max_queue is not None and len(self._waiting) >= self.max_queue + len(self._free):
                 left = None if deadline is None else deadline - time.monotonic()
                 if not block or (left is not None and left <= 0):
                     raise QueueFullError(f"the wait queue is full ({self.max_queue} requests wait for "
@@ -309,6 +314,10 @@ class Engine:
         if self.autostart:
             self.start()
         return handles
+
+    @property
+    def n_slots(self) -> int:
+        return self.slots.n_slots
 
     @property
     def waiting(self) -> int:

@@ -148,14 +148,15 @@ def test_bounded_queue(pipe):
     engine = pipe.engine(slots=1, max_queue=1)
     try:
         with engine._step_lock:  # hold the step loop: nothing is admitted, so the queue stays full
-            a = pipe.submit(engine, "one", 2, stop_at_eos=False)
+            a = pipe.submit(engine, "one", 2, stop_at_eos=False)  # the free slot will take it
+            b = pipe.submit(engine, "two", 2, stop_at_eos=False)  # queued
             with pytest.raises(QueueFullError, match=r"queue is full \(1 requests wait for 1 slots\)"):
-                pipe.submit(engine, "two", 2, stop_at_eos=False)
+                pipe.submit(engine, "three", 2, stop_at_eos=False)
             with pytest.raises(QueueFullError):
-                engine.submit(pipe.encode("two"), 2, block=True, timeout=0.05)
+                engine.submit(pipe.encode("three"), 2, block=True, timeout=0.05)
         # Once the loop admits "one", a blocking submission gets in.
-        b = pipe.submit(engine, "two", 2, stop_at_eos=False, block=True)
-        assert a.result(timeout=30).new_tokens == 2 and b.result(timeout=30).new_tokens == 2
+        c = pipe.submit(engine, "three", 2, stop_at_eos=False, block=True)
+        assert [h.result(timeout=30).new_tokens for h in (a, b, c)] == [2, 2, 2]
     finally:
         engine.close()
     with pytest.raises(EngineClosedError):
@@ -346,3 +347,15 @@ def test_steps_async_for_an_event_loop(pipe):
     with pipe.engine(slots=2) as engine:
         ids = asyncio.run(consume(engine))
     assert ids == pipe.generate("Async client", max_new_tokens=6, stop_at_eos=False).ids
+
+
+def test_a_queue_of_zero_takes_what_fits_now(pipe):
+    engine = pipe.engine(slots=2, max_queue=0)
+    try:
+        with engine._step_lock:
+            handles = [pipe.submit(engine, "fits", 2, stop_at_eos=False) for _ in range(2)]
+            with pytest.raises(QueueFullError):
+                pipe.submit(engine, "does not", 2, stop_at_eos=False)
+        assert all(h.result(timeout=30).new_tokens == 2 for h in handles) and engine.n_slots == 2
+    finally:
+        engine.close()

@@ -1,0 +1,206 @@
+"""Serving benchmark: time to first token, inter-token latency and aggregate output tokens/s of
+``inferno serve`` under 1, 4, 16 and 32 concurrent streaming clients.
+
+    python benches/serving.py                                  # random 124M-shape weights, numpy backend
+    python benches/serving.py --backend cpu-threaded --levels 1,4,16
+    python benches/serving.py --model-dir gpt2                 # real weights
+    python benches/serving.py --url http://127.0.0.1:8000      # a server already running (any OpenAI one)
+
+Each client sends `--rounds` streaming requests one after another: a prompt of `--prompt-tokens` random
+token ids (a different one per client and round) and `--new-tokens` new tokens (ignore_eos, so every
+request generates them all). The server (started here unless --url) has as many slots as the largest
+level. TTFT is measured from sending the request to the first token's chunk; ITL between consecutive
+token chunks of one request; output tok/s is all new tokens of a level over its wall time. Prints a
+markdown table and the command that made it (--json: the numbers as JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def random_model_dir(directory: Path, seed: int = 0) -> Path:
+    """config.json and tokenizer.json of ./gpt2, and random weights of the 124M shape (~500 MB)."""
+    from safetensors.numpy import save_file
+
+    from inferno.bench import GPT2_124M, random_weights
+
+    directory.mkdir(parents=True, exist_ok=True)
+    config = json.loads((ROOT / "gpt2" / "config.json").read_text())
+    shape = (config["n_embd"], config["n_layer"], config["n_positions"])
+    assert shape == (GPT2_124M.n_embd, GPT2_124M.n_layer, GPT2_124M.n_positions), shape
+    (directory / "config.json").write_text(json.dumps(config))
+    shutil.copy(ROOT / "gpt2" / "tokenizer.json", directory / "tokenizer.json")
+    save_file(random_weights(GPT2_124M, seed), str(directory / "model.safetensors"))
+    return directory
+
+
+def start_server(model_dir: Path, backend: str, slots: int, port: int, log: Path) -> subprocess.Popen:
+    command = [sys.executable, "-m", "inferno.serve.cli", "--model-dir", str(model_dir), "--backend", backend,
+               "--port", str(port), "--slots", str(slots), "--queue", "4096"]
+    with open(log, "wb") as f:
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        return subprocess.Popen(command, stdout=f, stderr=subprocess.STDOUT, env=env)
+
+
+def wait_ready(url: str, proc: subprocess.Popen | None, timeout: float = 600.0) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise SystemExit(f"the server exited with {proc.returncode}")
+        try:
+            if httpx.get(url + "/health", timeout=5).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise SystemExit(f"{url}/health did not answer 200 within {timeout:.0f} s")
+
+
+async def one_request(client, body: dict) -> tuple[float, list[float], int]:
+    """(TTFT, inter-token gaps, new tokens) of one streaming request."""
+    start = time.perf_counter()
+    first, last, gaps, tokens = None, None, [], 0
+    async with client.stream("POST", "/v1/completions", json=body) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread())[:300]!r}")
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                raise RuntimeError(chunk["error"]["message"])
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+            if not chunk["choices"]:
+                continue
+            now = time.perf_counter()
+            if first is None:
+                first = now - start
+            else:
+                gaps.append(now - last)
+            last = now
+    return (first if first is not None else float("nan")), gaps, tokens
+
+
+async def run_level(url: str, clients: int, rounds: int, args: argparse.Namespace) -> dict:
+    import httpx
+
+    from inferno.bench import prompt_ids
+
+    limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
+    async with httpx.AsyncClient(base_url=url, timeout=3600, limits=limits) as client:
+        async def worker(k: int) -> list[tuple[float, list[float], int]]:
+            out = []
+            for r in range(rounds):
+                prompt = prompt_ids(args.prompt_tokens, 50257, seed=1000 * k + r)
+                body = {"model": args.model, "prompt": prompt,
+                        "max_tokens": args.new_tokens, "temperature": args.temperature, "seed": k,
+                        "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+                out.append(await one_request(client, body))
+            return out
+
+        start = time.perf_counter()
+        results = [x for per_client in await asyncio.gather(*(worker(k) for k in range(clients)))
+                   for x in per_client]
+        seconds = time.perf_counter() - start
+    ttft = [r[0] for r in results]
+    itl = [g for r in results for g in r[1]]
+    tokens = sum(r[2] for r in results)
+    return {"clients": clients, "requests": len(results), "seconds": seconds, "new_tokens": tokens,
+            "ttft_median_ms": 1e3 * float(np.median(ttft)),
+            "ttft_p99_ms": 1e3 * float(np.percentile(ttft, 99)),
+            "itl_median_ms": 1e3 * float(np.median(itl)) if itl else float("nan"),
+            "itl_p99_ms": 1e3 * float(np.percentile(itl, 99)) if itl else float("nan"),
+            "output_tok_s": tokens / seconds}
+
+
+def table(rows: list[dict]) -> str:
+    out = ["| clients | requests | TTFT median (ms) | TTFT p99 (ms) | ITL median (ms) | ITL p99 (ms) "
+           "| output tok/s |", "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        out.append(f"| {r['clients']} | {r['requests']} | {r['ttft_median_ms']:.0f} | "
+                   f"{r['ttft_p99_ms']:.0f} | {r['itl_median_ms']:.1f} | {r['itl_p99_ms']:.1f} | "
+                   f"{r['output_tok_s']:.1f} |")
+    return "\n".join(out)
+
+
+def _levels(text: str) -> list[int]:
+    try:
+        levels = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers separated by commas, got {text!r}") from None
+    if not levels or min(levels) < 1:
+        raise argparse.ArgumentTypeError(f"levels must be integers >= 1, got {text!r}")
+    return levels
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--levels", type=_levels, default=[1, 4, 16, 32], help="concurrent clients (1,4,16,32)")
+    p.add_argument("--rounds", type=int, default=1, help="requests per client per level (1)")
+    p.add_argument("--prompt-tokens", type=int, default=64)
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--backend", default="numpy", help="the server's --backend (numpy)")
+    p.add_argument("--model-dir", help="real model files (default: random 124M-shape weights)")
+    p.add_argument("--url", help="benchmark this running server instead of starting one")
+    p.add_argument("--model", default="gpt2", help="the model field of the requests (gpt2)")
+    p.add_argument("--port", type=int, default=8471)
+    p.add_argument("--json", action="store_true", help="print the numbers as JSON")
+    args = p.parse_args(argv)
+
+    proc, tmp = None, None
+    url = args.url.rstrip("/") if args.url else f"http://127.0.0.1:{args.port}"
+    try:
+        if args.url is None:
+            tmp = Path(tempfile.mkdtemp(prefix="inferno-serving-"))
+            model_dir = Path(args.model_dir) if args.model_dir else random_model_dir(tmp / "model")
+            log = tmp / "server.log"
+            proc = start_server(model_dir, args.backend, max(args.levels), args.port, log)
+            print(f"[server log: {log}]", file=sys.stderr)
+        wait_ready(url, proc)
+        asyncio.run(run_level(url, 1, 1, argparse.Namespace(**{**vars(args), "new_tokens": 4})))  # warm-up
+        rows = []
+        for clients in args.levels:
+            rows.append(asyncio.run(run_level(url, clients, args.rounds, args)))
+            print(f"[{clients} clients: {rows[-1]['output_tok_s']:.1f} tok/s]", file=sys.stderr)
+    finally:
+        if proc is not None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        if tmp is not None and args.model_dir is None:
+            shutil.rmtree(tmp / "model", ignore_errors=True)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    source = args.url or (args.model_dir or "random 124M-shape weights") + f", {args.backend} backend"
+    print(f"Serving: {args.prompt_tokens}-token prompts, {args.new_tokens} new tokens, temperature "
+          f"{args.temperature:g}, {args.rounds} request(s) per client ({source})\n")
+    print(table(rows))
+    flags = " ".join(sys.argv[1:] if argv is None else argv)
+    print(f"\n`python benches/serving.py{' ' + flags if flags else ''}`")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,214 @@
+"""``inferno serve``: parse the flags, bind the socket, run uvicorn; the model loads in the background.
+
+    inferno serve --model-dir gpt2 --port 8000 --slots 16 --queue 256
+    python -m inferno.serve.cli --model-dir gpt2 --port 8000          # the same, without the CLI wiring
+
+Exit codes: 0 after a clean shutdown (SIGTERM or Ctrl-C: running requests get --grace-seconds to
+finish), 2 for usage errors, a missing ``serve`` extra, a port that cannot be bound, or a model that
+fails to load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import logging
+import math
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+from inferno.engine import DEFAULT_PREFILL_CHUNK, DEFAULT_QUEUE, DEFAULT_SLOTS
+from inferno.serve.config import DEFAULT_MODEL_ID, ServeConfig
+
+EXIT_USAGE = 2
+_EXTRA = ("fastapi", "uvicorn", "sse_starlette", "prometheus_client")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, like the other subcommands
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _int_at_least(low: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if value < low:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text!r}")
+        return value
+
+    parse.__name__ = f"an integer >= {low}"
+    return parse
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number in [0, 65535], got {text!r}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got {text!r}")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="inferno serve", description="Serve the model over HTTP: OpenAI-compatible "
+                "/v1/completions (streaming, n, logprobs, echo), /v1/models, /health, /tokenize, "
+                "/detokenize, /tokenizer_info, /metrics.")
+    arg = p.add_argument
+    arg("--model-dir", metavar="DIR", help="folder with config.json, model.safetensors, tokenizer.json "
+        "(default: ./gpt2, then the Hugging Face cache, then a download)")
+    arg("--backend", metavar="NAME", help="compute backend, optionally with options: NAME[:key=value,...] "
+        "(default: $INFERNO_BACKEND or numpy; see 'inferno backends')")
+    arg("--threads", metavar="N", type=_int_at_least(1),
+        help="worker threads (cpu-threaded, torch; default: usable cores); other backends reject it")
+    arg("--host", default="127.0.0.1", help="address to listen on (127.0.0.1; 0.0.0.0 for every interface)")
+    arg("--port", type=_port, default=8000, help="port to listen on (8000; 0 picks a free one)")
+    arg("--slots", metavar="N", type=_int_at_least(1), default=DEFAULT_SLOTS,
+        help=f"sequences generated at once, one KV slot each ({DEFAULT_SLOTS}); also the largest n")
+    arg("--queue", metavar="N", type=_int_at_least(1), default=DEFAULT_QUEUE,
+        help=f"requests that may wait for a slot ({DEFAULT_QUEUE}); beyond, 429 with Retry-After")
+    arg("--prefill-chunk", metavar="N", type=_int_at_least(1), default=DEFAULT_PREFILL_CHUNK,
+        help=f"prompt tokens run per step ({DEFAULT_PREFILL_CHUNK}): bounds the stall of running streams")
+    arg("--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' (all routes but /health "
+        "and the API docs)")
+    arg("--grace-seconds", metavar="S", type=_seconds, default=10.0,
+        help="on SIGTERM, running requests may finish for S seconds (10), then end as 'cancelled'")
+    arg("--log-prompts", action="store_true", help="put the prompt in each access log line")
+    arg("--served-model-name", metavar="NAME", help="the model id in /v1/models and responses (default: "
+        f"the --model-dir folder's name, else {DEFAULT_MODEL_ID!r})")
+    return p
+
+
+def _fail(message: str) -> int:
+    print(f"inferno serve: error: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _missing_extra() -> str | None:
+    missing = [name for name in _EXTRA if importlib.util.find_spec(name) is None]
+    return ", ".join(missing) if missing else None
+
+
+def _backend(args: argparse.Namespace):
+    from inferno.backends.registry import get_backend
+
+    if args.threads is not None:
+        return get_backend(args.backend, threads=args.threads)
+    return get_backend(args.backend)
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _logging() -> None:
+    log = logging.getLogger("inferno.serve")
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+
+
+def run_serve_cli(argv: Sequence[str]) -> int:
+    """``inferno serve`` with `argv` (the flags after ``serve``); returns the exit code."""
+    args = _parser().parse_args(list(argv))
+    missing = _missing_extra()
+    if missing:
+        return _fail(f'the server needs the serve extra (missing: {missing}): pip install "inferno[serve]"')
+
+    from inferno.backends.registry import BackendOptionError, BackendUnavailableError, UnknownBackendError
+
+    try:
+        backend = _backend(args)
+    except (UnknownBackendError, BackendUnavailableError, BackendOptionError) as exc:
+        threads = args.threads is not None and isinstance(exc, BackendOptionError)
+        flag = "--threads" if threads else "--backend"
+        return _fail(f"{flag}: {exc}")
+    if args.model_dir is not None and not Path(args.model_dir).expanduser().is_dir():
+        return _fail(f"--model-dir: {args.model_dir} is not a folder")
+    model_id = args.served_model_name or (Path(args.model_dir).expanduser().resolve().name
+                                          if args.model_dir else DEFAULT_MODEL_ID)
+    try:
+        sock = _listen(args.host, args.port)
+    except OSError as exc:
+        return _fail(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}")
+
+    import uvicorn
+
+    from inferno.serve.app import create_app
+
+    _logging()
+    config = ServeConfig(model_dir=args.model_dir, backend=backend, model_id=model_id, slots=args.slots,
+                         queue=args.queue, prefill_chunk=args.prefill_chunk, api_key=args.api_key,
+                         grace_seconds=args.grace_seconds, log_prompts=args.log_prompts)
+    app = create_app(config)
+    state = app.state.inferno
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame) -> None:
+            state.begin_shutdown()
+            super().handle_exit(sig, frame)
+
+    # The streams get the grace period from us (then end as "cancelled"); uvicorn's own timeout is only
+    # a backstop for connections that still will not close.
+    server = Server(uvicorn.Config(app, log_level="info", access_log=False, lifespan="on",
+                                   timeout_graceful_shutdown=int(math.ceil(args.grace_seconds)) + 5))
+
+    def fatal() -> None:
+        server.should_exit = True
+
+    state.on_fatal = fatal
+    host, port = sock.getsockname()[:2]
+    logging.getLogger("inferno.serve").info(
+        "inferno serve: listening on http://%s:%d (model %s loading; /health answers 200 when ready)",
+        f"[{host}]" if ":" in host else host, port, model_id)
+    # uvicorn re-raises the signal that stopped it once it has restored the previous handlers; make
+    # those no-ops so that a SIGTERM or Ctrl-C shutdown ends with exit code 0, not a kill.
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: None)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
+        close = getattr(backend, "close", None)
+        if close is not None:
+            close()
+    return EXIT_USAGE if state.status == "failed" else 0
+
+
+def main() -> int:
+    return run_serve_cli(sys.argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,418 @@
+"""One ``/v1/completions`` request: its prompts and options, its choices, their logprobs and chunks.
+
+    request ─▶ plan_request (fields → GenerationOptions, one per choice of a prompt) ─▶ encode_prompts
+            ─▶ Engine.submit_many per prompt (its n choices share the prefill) ─▶ Completion
+            ─▶ Completion.stream() (SSE chunks) or Completion.collect() (one response)
+
+Conventions (where OpenAI leaves room, as vLLM does):
+
+* Choice ``index`` is ``prompt_index * n + j``; choice j of every prompt samples with ``seed + j``.
+* ``temperature`` defaults to 1 (OpenAI's default), ``max_tokens`` to 16; ``max_tokens`` 0 is only
+  allowed with ``echo`` (the prompt's logprobs, nothing generated).
+* Token texts in ``logprobs`` (``tokens`` and the keys of ``top_logprobs``) are the token's bytes as
+  UTF-8; a token that is not valid UTF-8 on its own (part of a multi-byte character) is written
+  ``bytes:`` followed by ``\\xNN`` for each byte, as OpenAI's API wrote them (``bytes:\\xe2\\x80``), so
+  that no two tokens share a text. ``top_logprobs`` holds the N most likely tokens, most likely first,
+  plus the chosen token when it is not among them, with the very float of ``token_logprobs``.
+* ``text_offset`` of a token is the number of characters of the choice's ``text`` (the echoed prompt
+  included) released before it: where its text starts, except that a character split across tokens
+  starts at the token that completes it, and text held back to match a stop string starts later.
+* A text prompt is encoded with its special tokens (``<|endoftext|>`` is id 50256, as OpenAI's and
+  vLLM's servers read it; `Pipeline.generate` reads it as plain text); an empty one is <|endoftext|>.
+* Log-probabilities below -9999 (-inf) are reported as -9999, as vLLM does: JSON has no infinity.
+* The prompt's logprobs (``echo``) are `Pipeline.score`'s; the first token has none (null in both
+  lists). The new tokens' are the engine's (`GenerationOptions.logprobs`): the raw model distribution,
+  before penalties and temperature. The stop token (<|endoftext|>) and the token that completed a stop
+  string are listed and counted in ``usage``; neither the stop token nor the stop string is in the text.
+* A choice ended by a server shutdown (after --grace-seconds) has finish_reason ``"cancelled"``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from inferno.engine import Handle
+from inferno.options import GenerationOptions, OptionError, Step
+from inferno.scoring import ScoreResult
+from inferno.serve.errors import ApiError
+from inferno.serve.schemas import CompletionRequest
+from inferno.tokenizer import Tokenizer
+
+DEFAULT_MAX_TOKENS = 16
+DEFAULT_TEMPERATURE = 1.0
+
+# OptionError.field → the request field that carries it (the rest are spelled alike).
+_PARAMS = {"stop_ids": "stop_token_ids"}
+
+
+def _token_bytes(tokenizer: Tokenizer) -> Callable[[int], bytes]:
+    # The tokenizer has no public id → bytes accessor yet; prefer one if it grows it.
+    return getattr(tokenizer, "token_bytes", None) or tokenizer._token_bytes
+
+
+def token_text(raw: bytes) -> str:
+    """A token's text as logprobs show it: its UTF-8 text, or ``bytes:\\xNN...`` if it is not UTF-8."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+
+
+class TokenTexts:
+    """Every token id's text (see `token_text`), computed once per model."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        get = _token_bytes(tokenizer)
+        texts = []
+        for i in range(tokenizer.vocab_size):
+            try:
+                texts.append(token_text(get(i)))
+            except ValueError:  # an id no token uses (a sparse vocabulary): never sampled or accepted
+                texts.append(f"token_id:{i}")
+        self._texts = texts
+
+    def __getitem__(self, i: int) -> str:
+        return self._texts[i]
+
+    def __len__(self) -> int:
+        return len(self._texts)
+
+
+#: The floor of reported log-probabilities (as vLLM's): JSON has no -inf (nor NaN, which lands here too).
+MIN_LOGPROB = -9999.0
+
+
+def _lp(value: float) -> float:
+    return value if value > MIN_LOGPROB else MIN_LOGPROB
+
+
+def _top(texts: TokenTexts, chosen: int, chosen_lp: float, top: Sequence[tuple[int, float]] | None,
+         ) -> dict[str, float]:
+    out = {texts[i]: _lp(lp) for i, lp in top or ()}
+    out.setdefault(texts[chosen], _lp(chosen_lp))  # the chosen token, when it is not among the top N
+    return out
+
+
+# ------------------------------------------------------------------------------------------ the plan
+
+
+@dataclass
+class Plan:
+    """What a request asks for, checked: raw prompts (text or ids), one options per choice of a prompt."""
+
+    prompts: list[str | list[int]]
+    options: list[GenerationOptions]
+    max_tokens: int
+    stop_ids: tuple[int, ...]
+    echo: bool
+    logprobs: int | None
+    stream: bool
+    include_usage: bool
+    ids: list[list[int]] = field(default_factory=list)  # the prompts' ids (`encode_prompts`)
+
+    @property
+    def n(self) -> int:
+        return len(self.options)
+
+
+def plan_request(req: CompletionRequest, *, eos_id: int, sample_limit: int, slots: int, queue: int) -> Plan:
+    """Check what the schema cannot (unsupported fields, option rules, engine limits) and build the
+    options; an `ApiError` (400) names the field."""
+    # (best_of other than 1 and a suffix are refused by the schema.)
+    n = req.n or 1
+    if n > slots:
+        raise ApiError(400, f"n={n} needs {n} KV slots at once; this server has {slots} (--slots)", param="n")
+    echo = bool(req.echo)
+    max_tokens = DEFAULT_MAX_TOKENS if req.max_tokens is None else req.max_tokens
+    if max_tokens == 0 and not echo:
+        raise ApiError(400, "max_tokens must be at least 1 (0 is allowed with echo: the prompt only)",
+                       param="max_tokens")
+
+    p = req.prompt
+    if not p and not isinstance(p, str):  # the schema says so too
+        raise ApiError(400, "prompt must not be an empty list", param="prompt")
+    if isinstance(p, str):
+        prompts: list[str | list[int]] = [p]
+    elif isinstance(p[0], (str, list)):
+        prompts = list(p)
+    else:
+        prompts = [list(p)]
+    if len(prompts) > queue:
+        raise ApiError(400, f"at most {queue} prompts per request (the wait queue holds {queue}, --queue); "
+                       f"got {len(prompts)}", param="prompt")
+
+    top_k = req.top_k or 0
+    base = dict(
+        temperature=DEFAULT_TEMPERATURE if req.temperature is None else req.temperature,
+        top_k=0 if top_k == -1 else top_k,
+        top_p=1.0 if req.top_p is None else req.top_p,
+        stop=req.stop or (),
+        stop_ids=req.stop_token_ids or (),
+        repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+        presence_penalty=req.presence_penalty or 0.0,
+        frequency_penalty=req.frequency_penalty or 0.0,
+        logit_bias=req.logit_bias or {},
+        logprobs=req.logprobs,
+    )
+    try:
+        seeds = [None if req.seed is None else req.seed + j for j in range(n)]
+        options = [GenerationOptions(**base, seed=seed) for seed in seeds]
+        options[0].check_vocab(sample_limit)
+    except OptionError as exc:
+        name = exc.field.split("[")[0]
+        param = _PARAMS.get(name, name)
+        raise ApiError(400, f"{param} {exc.reason}", param=param) from None
+    usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
+    return Plan(prompts, options, max_tokens, () if req.ignore_eos else (eos_id,), echo, req.logprobs,
+                bool(req.stream), usage)
+
+
+def encode_prompts(plan: Plan, tokenizer: Tokenizer, *, eos_id: int, sample_limit: int, context: int) -> None:
+    """Token ids of every prompt (text: <|endoftext|> is the special token; empty: <|endoftext|>),
+    checked against the vocabulary and the context. Runs in a worker thread: a long text takes a while."""
+    ids_list = []
+    for k, prompt in enumerate(plan.prompts):
+        where = "prompt" if len(plan.prompts) == 1 else f"prompt[{k}]"
+        ids = tokenizer.encode(prompt, allow_special=True) if isinstance(prompt, str) else prompt
+        ids = ids or [eos_id]
+        bad = next((i for i in ids if not 0 <= i < sample_limit), None)
+        if bad is not None:
+            raise ApiError(400, f"{where}: token id {bad} is outside the vocabulary [0, {sample_limit})",
+                           param="prompt")
+        if len(ids) > context:
+            raise ApiError(400, f"This model's maximum context length is {context} tokens, but {where} is "
+                           f"{len(ids)} tokens long; shorten it", param="prompt",
+                           code="context_length_exceeded")
+        ids_list.append(ids)
+    plan.ids = ids_list
+
+
+@dataclass
+class EchoPart:
+    """The echoed prompt of one prompt: its text and (when logprobs were asked for) their lists."""
+
+    text: str
+    logprobs: dict | None
+
+
+def echo_part(ids: list[int], tokenizer: Tokenizer, texts: TokenTexts, score: ScoreResult | None,
+              logprobs: int | None) -> EchoPart:
+    """`score` is `Pipeline.score(ids, top_logprobs=logprobs)` (None for a one-token prompt)."""
+    text = tokenizer.decode(ids)
+    if logprobs is None:
+        return EchoPart(text, None)
+    decoder, offsets, at = tokenizer.incremental_decoder(), [], 0
+    for i in ids:
+        offsets.append(at)
+        at += len(decoder.feed(i))
+    token_lps: list[float | None] = [None]
+    tops: list[dict | None] = [None]
+    for k in range(1, len(ids)):
+        lp = score.logprobs[k]
+        token_lps.append(_lp(lp))
+        tops.append(_top(texts, ids[k], lp, score.top[k] if score.top is not None else None))
+    return EchoPart(text, {"tokens": [texts[i] for i in ids], "token_logprobs": token_lps,
+                           "top_logprobs": tops, "text_offset": offsets})
+
+
+# ------------------------------------------------------------------------------------------ running
+
+
+class Observer:
+    """What a completion reports as it runs (the metrics); these defaults do nothing."""
+
+    def first_token(self, seconds: float) -> None: ...
+
+    def next_token(self, seconds: float) -> None: ...
+
+    def tokens(self, n: int) -> None: ...
+
+
+@dataclass
+class _Choice:
+    index: int
+    prompt: int
+    handle: Handle
+    text_len: int = 0  # characters of the choice's text released so far, the echo included
+    sent: int = 0  # characters of the new text released so far
+    finish_reason: str | None = None
+    last_token_at: float | None = None
+    lps: dict | None = None  # the accumulated logprobs lists (collect)
+
+
+class Completion:
+    """The choices of one request, running in the engine: `stream()` or `collect()` them, once."""
+
+    def __init__(self, plan: Plan, handles: list[Handle], echoes: list[EchoPart] | None, texts: TokenTexts,
+                 model_id: str, observer: Observer | None = None, started: float | None = None) -> None:
+        self.plan = plan
+        self.texts = texts
+        self.model_id = model_id
+        self.observer = observer or Observer()
+        self.started = time.perf_counter() if started is None else started
+        self.id = f"cmpl-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.echoes = echoes
+        n = plan.n
+        self.choices = [_Choice(k, k // n, h) for k, h in enumerate(handles)]
+
+    # -- usage
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(len(ids) for ids in self.plan.ids)
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(len(c.handle.state.ids) for c in self.choices)
+
+    def usage(self) -> dict:
+        p, c = self.prompt_tokens, self.completion_tokens
+        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+    def cancel(self) -> None:
+        """End every choice still running (the client left); a no-op for those that ended."""
+        for c in self.choices:
+            c.handle.cancel()
+
+    # -- events
+    async def _events(self) -> AsyncIterator[tuple[_Choice, Step | None]]:
+        """(choice, step) as steps arrive, then (choice, None) when the choice has ended. An engine
+        failure of a choice is raised. Every choice still running is cancelled if this stops early."""
+        try:
+            if len(self.choices) == 1:
+                c = self.choices[0]
+                async for step in c.handle.steps_async():
+                    yield c, step
+                yield c, None
+                return
+            inbox: asyncio.Queue[tuple[_Choice, Step | None | BaseException]] = asyncio.Queue()
+
+            async def pump(c: _Choice) -> None:
+                try:
+                    async for step in c.handle.steps_async():
+                        inbox.put_nowait((c, step))
+                    inbox.put_nowait((c, None))
+                except Exception as exc:
+                    inbox.put_nowait((c, exc))
+
+            tasks = [asyncio.ensure_future(pump(c)) for c in self.choices]
+            try:
+                left = len(tasks)
+                while left:
+                    c, event = await inbox.get()
+                    if isinstance(event, BaseException):
+                        raise event
+                    if event is None:
+                        left -= 1
+                    yield c, event
+            finally:
+                for t in tasks:
+                    t.cancel()
+        finally:
+            self.cancel()
+
+    def _token(self, c: _Choice, step: Step) -> tuple[str, dict | None]:
+        """Account for one new token of choice c: its released text and its logprobs lists."""
+        now = time.perf_counter()
+        if c.last_token_at is None:
+            self.observer.first_token(now - self.started)
+        else:
+            self.observer.next_token(now - c.last_token_at)
+        c.last_token_at = now
+        self.observer.tokens(1)
+        lp = None
+        if step.logprob is not None:
+            t = step.logprob
+            lp = {"tokens": [self.texts[t.id]], "token_logprobs": [_lp(t.logprob)],
+                  "top_logprobs": [_top(self.texts, t.id, t.logprob, t.top)], "text_offset": [c.text_len]}
+        c.text_len += len(step.text)
+        c.sent += len(step.text)
+        if step.finish_reason is not None:
+            c.finish_reason = step.finish_reason
+        return step.text, lp
+
+    def _end(self, c: _Choice) -> str | None:
+        """The choice's handle has ended: the text it still holds when no step said so (it was cancelled,
+        or had no room), and its finish reason; None when its last step carried them."""
+        if c.finish_reason is not None:
+            return None
+        c.finish_reason = c.handle.finish_reason or "length"
+        tail = c.handle.state.text[c.sent:]
+        c.sent += len(tail)
+        c.text_len += len(tail)
+        return tail
+
+    # -- streaming
+    def _chunk(self, choices: list[dict], usage: dict | None = None) -> str:
+        out: dict[str, Any] = {"id": self.id, "object": "text_completion", "created": self.created,
+                               "model": self.model_id, "choices": choices}
+        if self.plan.include_usage:
+            out["usage"] = usage
+        return json.dumps(out, allow_nan=False)
+
+    async def stream(self) -> AsyncIterator[str]:
+        """The SSE data of each event: chunks, the usage chunk (include_usage), then ``[DONE]``. An engine
+        failure after the stream started is an error event."""
+        try:
+            if self.echoes is not None:
+                for c in self.choices:
+                    echo = self.echoes[c.prompt]
+                    c.text_len = len(echo.text)
+                    yield self._chunk([{"index": c.index, "text": echo.text, "logprobs": echo.logprobs,
+                                        "finish_reason": None}])
+            async for c, step in self._events():
+                if step is None:
+                    tail = self._end(c)
+                    if tail is not None:
+                        yield self._chunk([{"index": c.index, "text": tail, "logprobs": None,
+                                            "finish_reason": c.finish_reason}])
+                    continue
+                text, lp = self._token(c, step)
+                if text or lp is not None or step.finish_reason is not None:
+                    yield self._chunk([{"index": c.index, "text": text, "logprobs": lp,
+                                        "finish_reason": step.finish_reason}])
+            if self.plan.include_usage:
+                yield self._chunk([], self.usage())
+        except Exception as exc:  # after the headers: the client learns of it in the stream
+            yield json.dumps(ApiError(500, f"generation failed: {exc}").body())
+        yield "[DONE]"
+
+    # -- one response
+    async def collect(self) -> dict:
+        """The whole response once every choice has ended."""
+        want_lp = self.plan.logprobs is not None
+        for c in self.choices:
+            if want_lp:
+                c.lps = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+            if self.echoes is not None:
+                echo = self.echoes[c.prompt]
+                c.text_len = len(echo.text)
+                if want_lp:
+                    for key, values in echo.logprobs.items():
+                        c.lps[key].extend(values)
+        try:
+            async for c, step in self._events():
+                if step is None:
+                    self._end(c)
+                    continue
+                _, lp = self._token(c, step)
+                if lp is not None and c.lps is not None:
+                    for key, values in lp.items():
+                        c.lps[key].extend(values)
+        except ApiError:
+            raise
+        except Exception as exc:
+            raise ApiError(500, f"generation failed: {exc}") from exc
+        choices = []
+        for c in self.choices:
+            echo = self.echoes[c.prompt].text if self.echoes is not None else ""
+            choices.append({"text": echo + c.handle.state.text, "index": c.index, "logprobs": c.lps,
+                            "finish_reason": c.finish_reason})
+        return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model_id,
+                "choices": choices, "usage": self.usage()}

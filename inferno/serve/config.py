@@ -1,0 +1,38 @@
+"""The server's settings (what ``inferno serve`` flags give); importable without the ``serve`` extra."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from inferno.engine import DEFAULT_PREFILL_CHUNK, DEFAULT_QUEUE, DEFAULT_SLOTS
+
+#: Request bodies larger than this are refused with 413 (a 1 MiB prompt is ~250k tokens: far past any
+#: context, so nothing legitimate is lost).
+MAX_BODY_BYTES = 1 << 20
+
+#: The model id when --model-dir is not given (and no --served-model-name).
+DEFAULT_MODEL_ID = "gpt2"
+
+
+@dataclass
+class ServeConfig:
+    """How the server loads its model and runs its engine.
+
+    `model_dir` and `backend` are passed to `inferno.load` (`backend` may be a constructed `Backend`);
+    `slots`, `queue` and `prefill_chunk` to `Pipeline.engine`. `model_id` is what /v1/models lists and
+    every response's ``model`` says (requests may name any model: there is only one). `grace_seconds`:
+    on SIGTERM, running requests may finish for this long before they are ended ("cancelled").
+    """
+
+    model_dir: str | None = None
+    backend: Any = None
+    model_id: str = DEFAULT_MODEL_ID
+    slots: int = DEFAULT_SLOTS
+    queue: int = DEFAULT_QUEUE
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK
+    api_key: str | None = None
+    grace_seconds: float = 10.0
+    log_prompts: bool = False
+    max_body_bytes: int = MAX_BODY_BYTES
+    download: bool = True

@@ -1,0 +1,237 @@
+"""Request and response models: what the server accepts and answers, and its OpenAPI document.
+
+Requests are validated strictly (a string is not a number, a number is not a boolean, NaN and infinity
+are not numbers) and unknown fields are ignored, as OpenAI's and vLLM's servers ignore them. Every
+optional field may also be ``null``, meaning its default. Ranges that depend on the model (token ids
+against the vocabulary, prompt lengths against the context) are checked when a request runs.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    field_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from inferno.options import MAX_ABS_BIAS, MAX_ABS_PENALTY, MAX_LOGPROBS, MAX_STOP_STRINGS
+
+#: n: choices per prompt. Each takes a KV slot, and the n of one prompt run at once.
+MAX_N = 16
+
+
+
+def _integral(value: Any) -> Any:
+    # JSON has one number type: 2.0 is the integer 2 (as JSON Schema's "integer" has it), 2.5 is not.
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+#: After an int's constraints: an integer as JSON has it (2 or 2.0, not 2.5, "2" or true). After, not
+#: before them: else the JSON schema would lose them.
+JSON_INT = BeforeValidator(_integral)
+
+TokenId = Annotated[int, Field(ge=0), JSON_INT]
+TokenIds = Annotated[list[TokenId], Field(min_length=1)]
+StopString = Annotated[str, Field(min_length=1)]
+BiasKey = Annotated[str, StringConstraints(pattern=r"^[0-9]+$")]
+Texts = Annotated[list[str], Field(min_length=1)]
+Prompt = str | Texts | TokenIds | Annotated[list[TokenIds], Field(min_length=1)]
+
+_PROMPT_FORMS = "a string, a list of strings, a list of token ids, or a list of token-id lists"
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="ignore")
+
+
+class StreamOptions(_Request):
+    include_usage: bool | None = Field(None, description="Send a last chunk with the usage and no choices.")
+
+
+class CompletionRequest(_Request):
+    """``POST /v1/completions``: OpenAI's fields, vLLM's meaning where OpenAI leaves room, and the
+    extensions ``top_k``, ``repetition_penalty``, ``ignore_eos`` and ``stop_token_ids``."""
+
+    model: str | None = Field(None, description="Ignored: the server has one model (see /v1/models).")
+    prompt: Prompt = Field(
+        "", description=f"{_PROMPT_FORMS[0].upper()}{_PROMPT_FORMS[1:]}: one choice (or n) per prompt. "
+        "An empty string is <|endoftext|> (unconditional text); <|endoftext|> in text is the special token.")
+    max_tokens: Annotated[int, Field(ge=0), JSON_INT] | None = Field(
+        None, description="New tokens per choice (default 16; 0 only with echo). Clamped to the context: "
+        "a choice that reaches it ends with finish_reason \"length\".")
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = Field(None, description="Default 1; 0: greedy.")
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = Field(None, description="Nucleus mass (1, off).")
+    top_k: Annotated[int, Field(ge=-1), JSON_INT] | None = Field(
+        None, description="Extension: keep the k most likely tokens (0 or -1: off, the default).")
+    n: Annotated[int, Field(ge=1, le=MAX_N), JSON_INT] | None = Field(
+        None, description="Choices per prompt (default 1); they share the prompt's prefill.")
+    seed: Annotated[int, Field(ge=0), JSON_INT] | None = Field(
+        None, description="Choice j of each prompt samples with seed + j (none: fresh randomness).")
+    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = Field(
+        None, description="Text that ends a choice; it is not part of the text.")
+    stop_token_ids: list[TokenId] | None = Field(None, description="Extension: token ids that end a choice.")
+    stream: bool | None = Field(None, description="Send Server-Sent Events, a chunk per token.")
+    stream_options: StreamOptions | None = None
+    logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS), JSON_INT] | None = Field(
+        None, description="Log-probability of each token and of the N most likely alternatives.")
+    echo: bool | None = Field(None, description="Return the prompt before the new text (its tokens' "
+                              "logprobs too, as scored by the model; the first has none).")
+    presence_penalty: Annotated[float, Field(ge=-MAX_ABS_PENALTY, le=MAX_ABS_PENALTY)] | None = None
+    frequency_penalty: Annotated[float, Field(ge=-MAX_ABS_PENALTY, le=MAX_ABS_PENALTY)] | None = None
+    repetition_penalty: Annotated[float, Field(gt=0)] | None = Field(
+        None, description="Extension: Hugging Face's repetition penalty (1: off, the default).")
+    logit_bias: dict[BiasKey, Annotated[float, Field(ge=-MAX_ABS_BIAS, le=MAX_ABS_BIAS)]] | None = Field(
+        None, description="Token id (as a string) to a bias added to its logit; -100 bans it.")
+    ignore_eos: bool | None = Field(None, description="Extension: keep generating past <|endoftext|>.")
+    user: str | None = Field(None, description="Accepted and ignored.")
+    best_of: Annotated[int, Field(ge=1, le=1), JSON_INT] | None = Field(
+        None, description="Not supported: only null or 1.")
+    suffix: Annotated[str, Field(max_length=0)] | None = Field(
+        None, description="Not supported: only null or empty.")
+
+    @field_validator("prompt", mode="wrap")
+    @classmethod
+    def _one_prompt_error(cls, value: Any, handler: Any) -> Any:
+        # A union reports one error per branch; say once what a prompt may be.
+        try:
+            return handler(value)
+        except ValidationError:
+            raise PydanticCustomError("prompt_type", f"must be {_PROMPT_FORMS} (none empty)") from None
+
+    @field_validator("best_of", mode="wrap")
+    @classmethod
+    def _no_best_of(cls, value: Any, handler: Any) -> Any:
+        try:
+            return handler(value)
+        except ValidationError:
+            raise PydanticCustomError("unsupported", "is not supported (only null or 1); use n for several "
+                                      "choices") from None
+
+    @field_validator("suffix", mode="wrap")
+    @classmethod
+    def _no_suffix(cls, value: Any, handler: Any) -> Any:
+        try:
+            return handler(value)
+        except ValidationError:
+            raise PydanticCustomError("unsupported", "is not supported (only null or empty)") from None
+
+
+class TokenizeRequest(_Request):
+    """``POST /tokenize``: ``content`` (llama.cpp's server) or ``prompt`` (vLLM's)."""
+
+    content: str | None = None
+    prompt: str | None = None
+    add_special_tokens: bool | None = Field(None, description="Accepted; GPT-2 adds no special tokens.")
+    add_special: bool | None = Field(None, description="Accepted; GPT-2 adds no special tokens.")
+    parse_special: bool | None = Field(None, description="<|endoftext|> in the text is the special token "
+                                       "(default true); false: it is plain text.")
+
+
+class DetokenizeRequest(_Request):
+    tokens: list[TokenId]
+
+
+# -------------------------------------------------------------------------------------------- responses
+
+FinishReason = Literal["stop", "length", "cancelled"]
+
+
+class CompletionLogprobs(BaseModel):
+    """Per token: its text, log-probability (null for the first prompt token of an echo), the most likely
+    alternatives (text → logprob; null where the logprob is) and where its text starts in the choice's
+    text. A token whose bytes are not UTF-8 on their own is written ``bytes:\\xNN...``."""
+
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
+
+
+class CompletionChoice(BaseModel):
+    text: str
+    index: int
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: FinishReason | None = None
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionResponse(BaseModel):
+    """The whole answer, or (streaming) one chunk: the same shape, one choice's new piece per chunk."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "inferno"
+    max_model_len: int
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class Health(BaseModel):
+    status: Literal["ok", "loading", "shutting_down", "failed"]
+    model: str
+    slots_total: int | None = None
+    slots_free: int | None = None
+    requests_running: int | None = None
+    requests_waiting: int | None = None
+    error: str | None = None
+
+
+class TokenizeResponse(BaseModel):
+    tokens: list[int]
+    count: int
+    max_model_len: int
+
+
+class DetokenizeResponse(BaseModel):
+    content: str
+    prompt: str
+
+
+class TokenizerInfo(BaseModel):
+    model: str
+    tokenizer: str
+    eos_token: str
+    eos_token_id: int
+    vocab_size: int
+    max_model_len: int
+    special_tokens: dict[str, int]
+
+
+class ErrorInfo(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | int | None = None
+
+
+class ErrorResponse(BaseModel):
+    """OpenAI's error shape."""
+
+    error: ErrorInfo
