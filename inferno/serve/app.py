@@ -5,6 +5,8 @@
 
 Routes: ``POST /v1/completions``, ``GET /v1/models``, ``GET /health``, ``POST /tokenize``,
 ``POST /detokenize``, ``GET /tokenizer_info``, ``GET /metrics`` (and ``/openapi.json``, ``/docs``).
+``GET /`` is the playground (inferno/serve/static: plain HTML, CSS and JavaScript, no build step, no
+CDN), which calls ``/v1/completions`` from the browser; it and ``/static/*`` need no API key.
 
 The model loads in a background thread once the app starts (``/health`` answers 503 until it is
 ready). Every request goes to one continuous-batching `Engine`; a client that disconnects while queued
@@ -29,12 +31,14 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.routing import APIRoute
+from fastapi.staticfiles import StaticFiles
 from sse_starlette.sse import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -73,7 +77,10 @@ from inferno.serve.schemas import (
 logger = logging.getLogger("inferno.serve")
 
 ROUTES = ("/v1/completions", "/v1/models", "/health", "/tokenize", "/detokenize", "/tokenizer_info",
-          "/metrics")
+          "/metrics", "/")
+
+#: The playground's files (package data), served at / and /static/.
+STATIC_DIR = Path(__file__).parent / "static"
 
 
 class ServerState:
@@ -176,7 +183,7 @@ class ServerState:
             if plan.logprobs is not None and len(ids) >= 2:  # a single token has nothing to score
                 with self._score_lock:
                     score = pipe.score(ids, top_logprobs=plan.logprobs)
-            out.append(echo_part(ids, pipe.tokenizer, self.texts, score, plan.logprobs))
+            out.append(echo_part(ids, pipe.tokenizer, self.texts, score, plan.logprobs, plan.return_ids))
         return out
 
     def submit(self, plan: Plan) -> list[Handle]:
@@ -479,6 +486,13 @@ def create_app(config: ServeConfig | None = None, *, pipeline: Pipeline | None =
                               "description": "Prometheus text format"}})
     async def metrics() -> Response:
         return Response(state.metrics.render(), media_type=state.metrics.content_type)
+
+    @app.get("/", include_in_schema=False)
+    async def playground() -> FileResponse:
+        """The playground page (no API key needed; it asks for one when the API answers 401)."""
+        return FileResponse(STATIC_DIR / "index.html", headers={"Cache-Control": "no-cache"})
+
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
 
     _clean_openapi(app)
     app.add_middleware(BodyLimit, limit=config.max_body_bytes)

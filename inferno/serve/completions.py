@@ -25,6 +25,11 @@ Conventions (where OpenAI leaves room, as vLLM does):
   before penalties and temperature. The stop token (<|endoftext|>) and the token that completed a stop
   string are listed and counted in ``usage``; neither the stop token nor the stop string is in the text.
 * A choice ended by a server shutdown (after --grace-seconds) has finish_reason ``"cancelled"``.
+* Extension ``return_token_ids: true`` (default false, so OpenAI's shape is unchanged): with
+  ``logprobs``, the logprobs object also has ``token_ids`` (each token's id, parallel to ``tokens``)
+  and ``top_token_ids`` (per token, the ids of its ``top_logprobs`` entries in their order, the chosen
+  token last when it is not among the top N; null where ``top_logprobs`` is). The playground uses them
+  to show ids: token texts alone cannot be mapped back to ids by a client without the vocabulary.
 """
 
 from __future__ import annotations
@@ -99,6 +104,14 @@ def _top(texts: TokenTexts, chosen: int, chosen_lp: float, top: Sequence[tuple[i
     return out
 
 
+def _top_ids(chosen: int, top: Sequence[tuple[int, float]] | None) -> list[int]:
+    """The ids of `_top`'s entries, in its order (texts are unique per id, so the two lists pair up)."""
+    out = [i for i, _ in top or ()]
+    if chosen not in out:
+        out.append(chosen)
+    return out
+
+
 # ------------------------------------------------------------------------------------------ the plan
 
 
@@ -114,6 +127,7 @@ class Plan:
     logprobs: int | None
     stream: bool
     include_usage: bool
+    return_ids: bool = False  # the return_token_ids extension
     ids: list[list[int]] = field(default_factory=list)  # the prompts' ids (`encode_prompts`)
 
     @property
@@ -170,7 +184,7 @@ def plan_request(req: CompletionRequest, *, eos_id: int, sample_limit: int, slot
         raise ApiError(400, f"{param} {exc.reason}", param=param) from None
     usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
     return Plan(prompts, options, max_tokens, () if req.ignore_eos else (eos_id,), echo, req.logprobs,
-                bool(req.stream), usage)
+                bool(req.stream), usage, bool(req.return_token_ids))
 
 
 def encode_prompts(plan: Plan, tokenizer: Tokenizer, *, eos_id: int, sample_limit: int, context: int) -> None:
@@ -202,7 +216,7 @@ class EchoPart:
 
 
 def echo_part(ids: list[int], tokenizer: Tokenizer, texts: TokenTexts, score: ScoreResult | None,
-              logprobs: int | None) -> EchoPart:
+              logprobs: int | None, return_ids: bool = False) -> EchoPart:
     """`score` is `Pipeline.score(ids, top_logprobs=logprobs)` (None for a one-token prompt)."""
     text = tokenizer.decode(ids)
     if logprobs is None:
@@ -213,12 +227,18 @@ def echo_part(ids: list[int], tokenizer: Tokenizer, texts: TokenTexts, score: Sc
         at += len(decoder.feed(i))
     token_lps: list[float | None] = [None]
     tops: list[dict | None] = [None]
+    top_ids: list[list[int] | None] = [None]
     for k in range(1, len(ids)):
         lp = score.logprobs[k]
+        top = score.top[k] if score.top is not None else None
         token_lps.append(_lp(lp))
-        tops.append(_top(texts, ids[k], lp, score.top[k] if score.top is not None else None))
-    return EchoPart(text, {"tokens": [texts[i] for i in ids], "token_logprobs": token_lps,
-                           "top_logprobs": tops, "text_offset": offsets})
+        tops.append(_top(texts, ids[k], lp, top))
+        top_ids.append(_top_ids(ids[k], top))
+    out = {"tokens": [texts[i] for i in ids], "token_logprobs": token_lps, "top_logprobs": tops,
+           "text_offset": offsets}
+    if return_ids:
+        out.update(token_ids=list(ids), top_token_ids=top_ids)
+    return EchoPart(text, out)
 
 
 # ------------------------------------------------------------------------------------------ running
@@ -331,6 +351,8 @@ class Completion:
             t = step.logprob
             lp = {"tokens": [self.texts[t.id]], "token_logprobs": [_lp(t.logprob)],
                   "top_logprobs": [_top(self.texts, t.id, t.logprob, t.top)], "text_offset": [c.text_len]}
+            if self.plan.return_ids:
+                lp.update(token_ids=[t.id], top_token_ids=[_top_ids(t.id, t.top)])
         c.text_len += len(step.text)
         c.sent += len(step.text)
         if step.finish_reason is not None:
@@ -390,6 +412,8 @@ class Completion:
         for c in self.choices:
             if want_lp:
                 c.lps = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+                if self.plan.return_ids:
+                    c.lps.update(token_ids=[], top_token_ids=[])
             if self.echoes is not None:
                 echo = self.echoes[c.prompt]
                 c.text_len = len(echo.text)

@@ -96,14 +96,16 @@ class ApiKey:
     """With a key, every route but the public ones needs ``Authorization: Bearer KEY`` (else 401).
     Without one, this middleware is not installed: any Authorization header is ignored."""
 
-    PUBLIC = frozenset({"/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
+    PUBLIC = frozenset({"/", "/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
+    PUBLIC_PREFIXES = ("/static/",)  # the playground's files
 
     def __init__(self, app: App, key: str) -> None:
         self.app = app
         self.key = key.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope.get("path") in self.PUBLIC:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or path in self.PUBLIC or path.startswith(self.PUBLIC_PREFIXES):
             await self.app(scope, receive, send)
             return
         header = next((v for k, v in scope.get("headers", ()) if k == b"authorization"), b"")

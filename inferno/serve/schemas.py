@@ -59,7 +59,8 @@ class StreamOptions(_Request):
 
 class CompletionRequest(_Request):
     """``POST /v1/completions``: OpenAI's fields, vLLM's meaning where OpenAI leaves room, and the
-    extensions ``top_k``, ``repetition_penalty``, ``ignore_eos`` and ``stop_token_ids``."""
+    extensions ``top_k``, ``repetition_penalty``, ``ignore_eos``, ``stop_token_ids`` and
+    ``return_token_ids``."""
 
     model: str | None = Field(None, description="Ignored: the server has one model (see /v1/models).")
     prompt: Prompt = Field(
@@ -92,6 +93,9 @@ class CompletionRequest(_Request):
     logit_bias: dict[BiasKey, Annotated[float, Field(ge=-MAX_ABS_BIAS, le=MAX_ABS_BIAS)]] | None = Field(
         None, description="Token id (as a string) to a bias added to its logit; -100 bans it.")
     ignore_eos: bool | None = Field(None, description="Extension: keep generating past <|endoftext|>.")
+    return_token_ids: bool | None = Field(
+        None, description="Extension: with logprobs, also return each token's id (logprobs.token_ids) and "
+        "the ids of its top_logprobs, in their order (logprobs.top_token_ids). Default false.")
     user: str | None = Field(None, description="Accepted and ignored.")
     best_of: Annotated[int, Field(ge=1, le=1), JSON_INT] | None = Field(
         None, description="Not supported: only null or 1.")
@@ -148,12 +152,16 @@ FinishReason = Literal["stop", "length", "cancelled"]
 class CompletionLogprobs(BaseModel):
     """Per token: its text, log-probability (null for the first prompt token of an echo), the most likely
     alternatives (text → logprob; null where the logprob is) and where its text starts in the choice's
-    text. A token whose bytes are not UTF-8 on their own is written ``bytes:\\xNN...``."""
+    text. A token whose bytes are not UTF-8 on their own is written ``bytes:\\xNN...``. With the
+    ``return_token_ids`` extension also each token's id and the ids of its top_logprobs, in their order
+    (absent otherwise)."""
 
     tokens: list[str]
     token_logprobs: list[float | None]
     top_logprobs: list[dict[str, float] | None]
     text_offset: list[int]
+    token_ids: list[int] | None = None
+    top_token_ids: list[list[int] | None] | None = None
 
 
 class CompletionChoice(BaseModel):

@@ -1,0 +1,264 @@
+"""The playground (``GET /``) in a real headless browser: Debian's chromium and chromedriver through
+selenium, against a server subprocess with a small random model (context 1024).
+
+Needs ``apt-get install -y chromium chromium-driver`` and ``pip install selenium``; skipped without them.
+
+Screenshot of the page after a generation (docs/playground.png):
+
+    python tests/serve/test_playground.py --screenshot docs/playground.png
+
+(the same as ``PLAYGROUND_SCREENSHOT=docs/playground.png pytest tests/serve/test_playground.py -k
+screenshot``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+
+if __name__ != "__main__":
+    pytest.importorskip("selenium", reason="the playground's browser tests need selenium "
+                        "(pip install selenium)")
+    if not (os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK)):
+        pytest.skip(f"the playground's browser tests need {CHROMIUM} and {CHROMEDRIVER} "
+                    "(apt-get install -y chromium chromium-driver)", allow_module_level=True)
+
+    import httpx
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+    from serve_helpers import launch
+
+TIMEOUT = 20  # seconds for anything the page should do
+
+
+@pytest.fixture(scope="module")
+def server(long_model_dir, tmp_path_factory):
+    s = launch(long_model_dir, "--slots", "2", home=tmp_path_factory.mktemp("playground"))
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def pipe(long_model_dir):
+    import inferno
+
+    return inferno.load(long_model_dir, "numpy", download=False)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    profile = tempfile.mkdtemp(prefix="playground-chromium-")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM  # with the driver's path: Selenium Manager downloads nothing
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--no-first-run", f"--user-data-dir={profile}", "--window-size=1100,1000"):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(TIMEOUT)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def wait(driver, condition, timeout: float = TIMEOUT):
+    return WebDriverWait(driver, timeout, poll_frequency=0.05).until(lambda d: condition(d))
+
+
+def open_page(driver, server):
+    driver.get(server.url + "/")
+    wait(driver, lambda d: d.find_element(By.ID, "model-name").text.startswith("Model:"))
+    driver.get_log("browser")  # start each test with an empty log
+
+
+def set_value(driver, element_id: str, value: str) -> None:
+    # Typing thousands of characters with send_keys is slow; set it as a paste would, then tell the page.
+    el = driver.find_element(By.ID, element_id)
+    driver.execute_script("arguments[0].value = arguments[1];"
+                          "arguments[0].dispatchEvent(new Event('input', {bubbles: true}));", el, value)
+
+
+def text_of(driver, element_id: str) -> str:
+    return driver.find_element(By.ID, element_id).text
+
+
+def severe(driver) -> list:
+    return [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+
+
+def generate(driver, prompt: str, max_tokens: int, **fields: str) -> None:
+    set_value(driver, "prompt", prompt)
+    set_value(driver, "max_tokens", str(max_tokens))
+    for name, value in fields.items():
+        set_value(driver, name, value)
+    driver.find_element(By.ID, "generate").click()
+
+
+def done(driver) -> bool:
+    return text_of(driver, "status") in ("Done.", "Error.", "Stopped.")
+
+
+# The page's formatting (app.js fmtProb and visible).
+def fmt_prob(p: float) -> str:
+    if p >= 0.001:
+        return f"{p * 100:.2f}%"
+    mantissa, exponent = f"{p:.2e}".split("e")
+    return f"{mantissa}e{int(exponent):+d}"
+
+
+def visible(text: str) -> str:
+    return text.replace(" ", "\u2423").replace("\n", "\u23ce").replace("\t", "\u21e5")
+
+
+# ------------------------------------------------------------------------------------------------ tests
+
+
+def test_the_page_loads_without_console_errors(browser, server):
+    driver = browser
+    driver.get(server.url + "/")
+    wait(driver, lambda d: d.find_element(By.ID, "model-name").text.startswith("Model:"))
+    assert driver.title == "inferno playground"
+    assert severe(driver) == []
+    # Every control has a label.
+    for el in driver.find_elements(By.CSS_SELECTOR, "input:not([type=radio]):not([type=checkbox]), textarea"):
+        name = el.get_attribute("id")
+        assert driver.find_elements(By.CSS_SELECTOR, f"label[for={name}]"), name
+    assert driver.find_element(By.ID, "max_tokens").get_attribute("value") == "50"
+    assert driver.find_element(By.ID, "temperature").get_attribute("value") == "0"
+
+
+def test_tokens_stream_in_with_the_apis_probabilities_and_ids(browser, server):
+    driver = browser
+    open_page(driver, server)
+    generate(driver, "The quick brown fox", 12, seed="3")
+    wait(driver, done)
+    assert text_of(driver, "status") == "Done."
+    spans = driver.find_elements(By.CSS_SELECTOR, "#output .tok")
+
+    body = {"prompt": "The quick brown fox", "max_tokens": 12, "temperature": 0, "seed": 3, "top_k": 0,
+            "top_p": 1, "repetition_penalty": 1, "logprobs": 5, "return_token_ids": True}
+    choice = httpx.post(server.url + "/v1/completions", json=body, timeout=30).json()["choices"][0]
+    lp = choice["logprobs"]
+    assert len(spans) == len(lp["tokens"]) >= 1
+    assert [int(s.get_attribute("data-id")) for s in spans] == lp["token_ids"]
+    assert "".join(s.text for s in spans) == choice["text"]
+    assert text_of(driver, "finish-reason") == f"Finish reason: {choice['finish_reason']}"
+    assert "tokens/s" in text_of(driver, "tokens-per-second")
+
+    for k in (0, len(spans) - 1):
+        spans[k].send_keys("")  # keyboard focus
+        driver.execute_script("arguments[0].focus()", spans[k])
+        tip = driver.find_element(By.ID, "tip")
+        wait(driver, lambda d, tip=tip: tip.is_displayed())
+        rows = [[td.text for td in row.find_elements(By.TAG_NAME, "td")]
+                for row in tip.find_elements(By.CSS_SELECTOR, "tr.alt")]
+        expected = [[str(r + 1), visible(text), fmt_prob(math.exp(logprob)), str(tid)]
+                    for r, ((text, logprob), tid) in enumerate(zip(lp["top_logprobs"][k].items(),
+                                                                   lp["top_token_ids"][k], strict=False))][:5]
+        assert rows == expected
+        chosen = fmt_prob(math.exp(lp["token_logprobs"][k]))
+        assert f"(id {lp['token_ids'][k]}): probability {chosen}, rank 1 of the top 5" in tip.text  # greedy
+
+    driver.find_element(By.ID, "show-ids").click()
+    assert "show-ids" in driver.find_element(By.ID, "output").get_attribute("class")
+    assert severe(driver) == []
+
+
+def test_stop_cancels_the_stream_and_frees_the_slot(browser, server):
+    driver = browser
+    open_page(driver, server)
+    generate(driver, "Once upon a time", 1000, temperature="1", seed="7")
+    wait(driver, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#output .tok")) >= 3)
+    driver.find_element(By.ID, "stop-button").click()
+    wait(driver, done)
+    assert text_of(driver, "status") == "Stopped."
+    shown = len(driver.find_elements(By.CSS_SELECTOR, "#output .tok"))
+    assert shown < 1000
+    deadline = time.monotonic() + 10
+    while True:
+        health = server.health().json()
+        if health["slots_free"] == health["slots_total"] and health["requests_running"] == 0:
+            break
+        assert time.monotonic() < deadline, health
+        time.sleep(0.05)
+    time.sleep(0.2)
+    assert len(driver.find_elements(By.CSS_SELECTOR, "#output .tok")) == shown  # nothing more arrives
+    assert driver.find_element(By.ID, "generate").is_enabled()
+    assert severe(driver) == []
+
+
+def test_a_too_long_prompt_shows_the_error_beside_the_prompt(browser, server):
+    driver = browser
+    open_page(driver, server)
+    generate(driver, "hello " * 1100, 5)
+    wait(driver, lambda d: text_of(d, "err-prompt") != "")
+    message = text_of(driver, "err-prompt")
+    assert "maximum context length is 1024 tokens" in message and "{" not in message
+    assert driver.find_element(By.ID, "prompt").get_attribute("aria-invalid") == "true"
+    assert text_of(driver, "err-general") == ""
+    # Another control's error (pydantic's, param top_p) is shown beside that control.
+    set_value(driver, "prompt", "Hi")
+    set_value(driver, "top_p", "1.5")
+    driver.find_element(By.ID, "generate").click()
+    wait(driver, lambda d: text_of(d, "err-top_p") != "")
+    assert text_of(driver, "err-top_p") == "Top-p: Input should be less than or equal to 1"
+    assert text_of(driver, "err-prompt") == "" and text_of(driver, "err-general") == ""
+
+
+def test_score_mode_shows_the_perplexity_of_pipeline_score(browser, server, pipe):
+    driver = browser
+    open_page(driver, server)
+    text = "The cat sat on the mat, and then it went to sleep."
+    driver.find_element(By.ID, "mode-score").click()
+    assert not driver.find_element(By.ID, "controls").is_displayed()
+    set_value(driver, "prompt", text)
+    driver.find_element(By.ID, "prompt").send_keys("\ue009\ue007")  # Ctrl+Enter
+    wait(driver, lambda d: text_of(d, "perplexity") != "")
+    result = pipe.score(text)
+    ppl = result.perplexity  # the page shows 6 significant digits, whole numbers from a million
+    digits = f"{ppl:#.6g}".rstrip(".") if ppl < 1e6 else f"{ppl:.0f}"
+    assert text_of(driver, "perplexity") == f"Perplexity: {digits} ({len(result.ids) - 1} tokens scored)"
+    spans = driver.find_elements(By.CSS_SELECTOR, "#output .tok")
+    assert [int(s.get_attribute("data-id")) for s in spans] == result.ids
+    assert "".join(s.text for s in spans) == text
+    assert severe(driver) == []
+
+
+def test_screenshot(browser, server):
+    """Saves the page after a generation to $PLAYGROUND_SCREENSHOT (skipped without it)."""
+    path = os.environ.get("PLAYGROUND_SCREENSHOT")
+    if not path:
+        pytest.skip("set PLAYGROUND_SCREENSHOT=docs/playground.png (or run this file with --screenshot PATH)")
+    driver = browser
+    driver.set_window_size(1100, 1150)  # room for the alternatives under the output
+    open_page(driver, server)
+    generate(driver, "The meaning of life is", 40, temperature="0.8", seed="1", top_k="40")
+    wait(driver, done)
+    spans = driver.find_elements(By.CSS_SELECTOR, "#output .tok")
+    driver.execute_script("arguments[0].focus()", spans[min(5, len(spans) - 1)])
+    wait(driver, lambda d: d.find_element(By.ID, "tip").is_displayed())
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    driver.save_screenshot(str(path))
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    if len(args) != 2 or args[0] != "--screenshot":
+        sys.exit("usage: python tests/serve/test_playground.py --screenshot docs/playground.png")
+    os.environ["PLAYGROUND_SCREENSHOT"] = str(Path(args[1]).resolve())
+    sys.exit(pytest.main([__file__, "-q", "-k", "screenshot", "-p", "no:cacheprovider"]))
