@@ -30,6 +30,8 @@ if __name__ != "__main__":
     pytest.importorskip("selenium", reason="the playground's browser tests need selenium "
                         "(pip install selenium)")
     if not (os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK)):
+        if os.environ.get("CI"):  # CI installs them: their absence there is a failure, not a skip
+            raise RuntimeError(f"CI: {CHROMIUM} and {CHROMEDRIVER} are missing (.ci/run installs them)")
         pytest.skip(f"the playground's browser tests need {CHROMIUM} and {CHROMEDRIVER} "
                     "(apt-get install -y chromium chromium-driver)", allow_module_level=True)
 
