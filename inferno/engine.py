@@ -27,6 +27,8 @@ from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequenc
 from dataclasses import dataclass, field
 from numbers import Integral
 
+import numpy as np
+
 from inferno.generate import GenerationError, GenerationResult, check_ids
 from inferno.model import Gpt2, KvSlots
 from inferno.options import GenerationOptions, SequenceState, Step, TextDecoder
@@ -455,7 +457,9 @@ class Engine:
             members.append(seq)
         if not rows:
             return
-        logits = self.model.backend.to_numpy(self.model.forward_ragged(rows, self.slots, sampled))
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # checked right below
+            logits = self.model.backend.to_numpy(self.model.forward_ragged(rows, self.slots, sampled))
+        self.model.check_logits(logits, sum(map(bool, sampled)))
         self.stats.rows += len(rows)
         k = 0
         for seq, row, wanted in zip(members, rows, sampled, strict=True):

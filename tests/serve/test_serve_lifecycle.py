@@ -94,8 +94,9 @@ def test_api_key_and_access_log_with_prompts(small_model_dir, tmp_path):
 
 
 def test_sigterm_during_streams_ends_them_with_a_finish_reason(long_model_dir, tmp_path):
-    # Six streams far too long for the grace period, two that finish within it.
-    server = launch(long_model_dir, "--slots", "8", "--grace-seconds", "3", home=tmp_path)
+    # Six streams far too long for the grace period (1000 tokens, over 2 s here), two that finish
+    # within it (60 tokens).
+    server = launch(long_model_dir, "--slots", "8", "--grace-seconds", "1", home=tmp_path)
     budgets = [1000] * 6 + [60] * 2
 
     async def main() -> tuple[list[list], float, bool]:
@@ -139,8 +140,8 @@ def test_sigterm_during_streams_ends_them_with_a_finish_reason(long_model_dir, t
         assert events[-1] == "[DONE]"
         assert finished(events) == {0: "cancelled" if budget == 1000 else "length"}, events[-3:]
         assert all(e["choices"][0]["finish_reason"] is None for e in events[:-2])
-    assert seconds < 3 + 5, seconds  # the grace period, not the 1000 tokens
+    assert seconds < 1 + 5, seconds  # the grace period, not the 1000 tokens
     log = server.log()
-    assert "shutting down; 8 requests may finish within 3s" in log
+    assert "shutting down; 8 requests may finish within 1s" in log
     assert "Traceback" not in log
     assert "Stream 0 of the shutdown" not in log  # no prompts without --log-prompts
