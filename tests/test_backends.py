@@ -286,3 +286,17 @@ def test_plugin_is_inert_in_other_runs(tmp_path):
     proc = _pytest(args, tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "inferno conformance: backend 'array-api'" in proc.stdout and "1 passed" in proc.stdout
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 7, 8, 9, 16, 17, 130])
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_numpy_matmul_rows_gives_each_row_its_own_product(rows, order):
+    # GEMV for one or two rows, zero rows padded up to a multiple of 8 below 128: the same products.
+    from inferno.backends.numpy_backend import _matmul_rows
+
+    rng = np.random.default_rng(rows)
+    x = rng.standard_normal((rows, 48)).astype(np.float32)
+    w = np.asarray(rng.standard_normal((48, 40)).astype(np.float32), order=order)
+    y = _matmul_rows(x, w)
+    assert y.shape == (rows, 40) and y.flags.c_contiguous
+    np.testing.assert_allclose(y, x.astype(np.float64) @ w.astype(np.float64), rtol=1e-5, atol=1e-5)

@@ -153,14 +153,29 @@ def softmax_into(x: np.ndarray, out: np.ndarray) -> np.ndarray:
     return out
 
 
+#: Row counts OpenBLAS's SGEMM runs fastest at: multiples of 8 (its kernel's row block). Measured on the
+#: 768 x 50257 LM head (ms): 8 rows 6.6, 6 rows 11.7, 14 rows 14.7, 16 rows 9.5; so a batch of a few
+#: rows is padded with zero rows up to the next multiple (below `_PAD_BELOW` rows, where it pays).
+_ROW_BLOCK, _PAD_BELOW = 8, 128
+
+
 def _matmul_rows(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     """[N, IN] @ [IN, OUT] as one BLAS call (a 3-D matmul would loop over the batch).
 
     A single row goes through GEMV: OpenBLAS's GEMM packs the whole weight matrix even for one row,
-    which more than doubles the memory traffic of a decode step.
+    which more than doubles the memory traffic of a decode step. Two rows are two GEMVs (5.5 ms on the
+    LM head against 9.4 for a GEMM); a few more are padded to a multiple of 8 rows (see `_ROW_BLOCK`).
+    Each row's result is the same dot products either way.
     """
-    if x.shape[0] == 1:
+    n = x.shape[0]
+    if n == 1:
         return (x[0] @ w)[None]
+    if n == 2:
+        return np.stack([x[0] @ w, x[1] @ w])
+    if n % _ROW_BLOCK and n < _PAD_BELOW:
+        padded = np.zeros((n + _ROW_BLOCK - n % _ROW_BLOCK, x.shape[1]), dtype=x.dtype)
+        padded[:n] = x
+        return (padded @ w)[:n]
     return x @ w
 
 
