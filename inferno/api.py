@@ -22,7 +22,14 @@ from inferno.backends.base import Backend
 from inferno.backends.registry import get_backend
 from inferno.config import Gpt2Config
 from inferno.engine import DEFAULT_PREFILL_CHUNK, DEFAULT_SLOTS, Engine, Handle
-from inferno.generate import GenerationError, GenerationResult, TokenStream, check_ids, generate_tokens
+from inferno.generate import (
+    GenerationError,
+    GenerationResult,
+    TokenStream,
+    check_ids,
+    generate_tokens,
+    token_ids,
+)
 from inferno.hub import resolve_model_dir
 from inferno.model import Gpt2
 from inferno.options import GenerationOptions, OptionError
@@ -48,7 +55,8 @@ class Pipeline:
 
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
         """Prompt text or ids → ids; an empty prompt is ``[<|endoftext|>]`` (unconditional generation)."""
-        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(i) for i in prompt]
+        # Text, or a sequence of real ints: bytes, floats, strings, None... are a PromptTypeError.
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else token_ids(prompt)
         return ids or [self.config.eos_token_id]
 
     def logits(self, ids: Sequence[int]) -> np.ndarray:
@@ -183,6 +191,18 @@ def load(
     `backend` is a registered name (default: $INFERNO_BACKEND, else "numpy"), optionally with
     options as ``"name:key=value,..."``, or a `Backend` instance.
     """
+    if model_dir is not None and not isinstance(model_dir, (str, os.PathLike)):
+        raise TypeError(f"model_dir must be a path (str or os.PathLike) or None, not "
+                        f"{type(model_dir).__name__}")
+    if model_dir is not None and os.fspath(model_dir) == "":
+        # Path("") is the current directory: never load from, or download into, wherever this runs.
+        raise FileNotFoundError("model_dir '' is an empty path: give a folder, or None to use ./gpt2, the "
+                                "Hugging Face cache or a download")
+    if backend is not None and not isinstance(backend, (str, Backend)):
+        raise TypeError(f"backend must be a name such as 'numpy' (optionally 'name:key=value,...'), a "
+                        f"Backend instance or None, not {type(backend).__name__} ({backend!r:.40})")
+    if not isinstance(download, bool):
+        raise TypeError(f"download must be True or False, not {type(download).__name__}")
     be = backend if isinstance(backend, Backend) else get_backend(backend)
     directory = resolve_model_dir(model_dir, download=download)
     config = Gpt2Config.from_file(Path(directory) / "config.json")

@@ -6,13 +6,25 @@ fixing a hand-edited file sees every problem at once instead of one per run.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
+import stat
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import IO, Any
 
-__all__ = ["ConfigError", "Gpt2Config", "DEFAULT_EOS_TOKEN_ID", "SUPPORTED_ACTIVATIONS"]
+__all__ = [
+    "ConfigError",
+    "Gpt2Config",
+    "DEFAULT_EOS_TOKEN_ID",
+    "SUPPORTED_ACTIVATIONS",
+    "LIMITS",
+    "NotARegularFileError",
+    "FileTooLargeError",
+    "open_regular_file",
+    "read_regular_file",
+]
 
 # GPT-2's "<|endoftext|>"; the Hub config has it, hand-written ones often leave it out.
 DEFAULT_EOS_TOKEN_ID = 50256
@@ -22,6 +34,104 @@ DEFAULT_LAYER_NORM_EPSILON = 1e-5
 SUPPORTED_ACTIVATIONS = ("gelu_new",)
 
 _REQUIRED_SIZES = ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head")
+
+# The largest value of each size a GPT-2-family config may hold. Far beyond any real one (GPT-2 XL: 50257,
+# 1024, 1600, 48, 25), but small enough that nothing the loader does before it compares the config with
+# the weights file (one header entry per tensor, 12 tensors per layer) can take long or much memory: a
+# hostile "n_layer": 10**9 is one line, not minutes and gigabytes.
+LIMITS = {
+    "vocab_size": 1 << 24,
+    "n_positions": 1 << 20,
+    "n_embd": 1 << 16,
+    "n_layer": 1024,
+    "n_head": 1 << 16,
+}
+# float32 computes with the epsilon: below its smallest normal number it vanishes (a zero-variance row
+# then divides by zero), and far above 1 it is no longer an epsilon (1e308 overflows float32 to inf).
+_MIN_EPSILON = float.fromhex("0x1p-126")  # 1.18e-38, float32's smallest normal
+_MAX_EPSILON = 1.0
+# config.json is under a kilobyte; anything this big is not one (and is not read into memory).
+MAX_CONFIG_BYTES = 1 << 20
+
+
+# ----------------------------------------------------------------------------------- reading files
+
+
+class NotARegularFileError(OSError):
+    """A model file that is not a regular file (a FIFO, a device, a socket), after following links:
+    opening or reading it could block forever or never end."""
+
+
+class FileTooLargeError(OSError):
+    """A file bigger than the size limit for what it should be."""
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "a named pipe (FIFO)"
+    if stat.S_ISCHR(mode):
+        return "a character device"
+    if stat.S_ISBLK(mode):
+        return "a block device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    return "not a regular file"
+
+
+def _not_regular(path: str | os.PathLike[str], mode: int) -> NotARegularFileError:
+    where = os.fspath(path)
+    real = os.path.realpath(where)
+    via = f" ({real}, through a symlink)" if os.path.islink(where) or real != os.path.abspath(where) else ""
+    return NotARegularFileError(errno.EINVAL, f"not a regular file: it is {_kind(mode)}{via}", where)
+
+
+def open_regular_file(path: str | os.PathLike[str], buffering: int = -1) -> IO[bytes]:
+    """Open `path` for binary reading if it is a regular file once links are resolved.
+
+    A FIFO, device or socket raises `NotARegularFileError` (an OSError) saying what it is, without
+    blocking: the file is opened non-blocking and checked with fstat before anything is read, so a FIFO
+    with no writer, or a link to /dev/zero, cannot hang the process. A directory raises
+    IsADirectoryError; a missing file FileNotFoundError, as `open` does.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # a socket (or a FIFO opened for writing): say what it is
+            try:
+                mode = os.stat(path).st_mode
+            except OSError:
+                raise exc from None
+            raise _not_regular(path, mode) from None
+        raise
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, "is a directory", os.fspath(path))
+        if not stat.S_ISREG(mode):
+            raise _not_regular(path, mode)
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb", buffering=buffering)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_regular_file(path: str | os.PathLike[str], limit: int, what: str) -> bytes:
+    """The bytes of a regular file (see `open_regular_file`) of at most `limit` bytes, else
+    `FileTooLargeError` naming `what` the file should be. Never reads more than `limit + 1` bytes."""
+    with open_regular_file(path) as f:
+        size = os.fstat(f.fileno()).st_size
+        data = f.read(limit + 1) if size <= limit else b""
+        if size > limit or len(data) > limit:
+            size = max(size, len(data))
+            raise FileTooLargeError(
+                errno.EFBIG, f"is {size} bytes, more than the {limit}-byte limit for {what}", os.fspath(path)
+            )
+    return data
 
 
 class ConfigError(ValueError):
@@ -43,11 +153,21 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _show(value: Any) -> str:
+    """repr(value), short: a huge integer is described (repr of one over 4300 digits raises), and so is a
+    value too deeply nested to print."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**18:
+        digits = int(abs(value).bit_length() * math.log10(2)) + 1
+        return f"{'-' if value < 0 else ''}<an integer of about {digits} digits>"
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):
+        return f"<a {type(value).__name__} too large to print>"
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _describe(value: Any) -> str:
-    text = repr(value)
-    if len(text) > 40:
-        text = text[:37] + "..."
-    return f"{text} ({type(value).__name__})"
+    return f"{_show(value)} ({type(value).__name__})"
 
 
 def _problems(values: dict[str, Any], *, explicit: frozenset[str] = frozenset()) -> list[str]:
@@ -61,7 +181,10 @@ def _problems(values: dict[str, Any], *, explicit: frozenset[str] = frozenset())
         if not _is_int(value):
             problems.append(f"'{key}' must be an integer, found {_describe(value)}")
         elif value <= 0:
-            problems.append(f"'{key}' must be positive, found {value}")
+            problems.append(f"'{key}' must be positive, found {_show(value)}")
+        elif value > LIMITS[key]:
+            limit = LIMITS[key]
+            problems.append(f"'{key}' must be at most {limit} (a GPT-2-family size), found {_show(value)}")
         else:
             good_sizes[key] = value
 
@@ -74,14 +197,19 @@ def _problems(values: dict[str, Any], *, explicit: frozenset[str] = frozenset())
     if not (isinstance(eps, (int, float)) and not isinstance(eps, bool)):
         problems.append(f"'layer_norm_epsilon' must be a number, found {_describe(eps)}")
     elif not (math.isfinite(eps) and eps > 0):
-        problems.append(f"'layer_norm_epsilon' must be a positive finite number, found {eps!r}")
+        problems.append(f"'layer_norm_epsilon' must be a positive finite number, found {_show(eps)}")
+    elif not _MIN_EPSILON <= eps <= _MAX_EPSILON:
+        problems.append(f"'layer_norm_epsilon' must be in [{_MIN_EPSILON:.3g}, {_MAX_EPSILON:g}] (float32 "
+                        f"computes with it), found {_show(eps)}")
 
     for key in ("bos_token_id", "eos_token_id"):
         value = values[key]
         if not _is_int(value):
             problems.append(f"'{key}' must be an integer, found {_describe(value)}")
         elif value < 0:
-            problems.append(f"'{key}' must be non-negative, found {value}")
+            problems.append(f"'{key}' must be non-negative, found {_show(value)}")
+        elif value >= LIMITS["vocab_size"]:
+            problems.append(f"'{key}' must be below {LIMITS['vocab_size']}, found {_show(value)}")
         elif key in explicit and "vocab_size" in good_sizes and value >= good_sizes["vocab_size"]:
             # Only checked when the file names the id: the 50256 default must not break small test configs.
             vocab = good_sizes["vocab_size"]
@@ -183,8 +311,8 @@ class Gpt2Config:
         """Read and validate a ``config.json``; every failure is a :class:`ConfigError` naming the file."""
         source = os.fspath(path)
         try:
-            with open(path, "rb") as f:
-                raw = f.read()
+            # A regular file of at most 1 MiB: a FIFO or a link to /dev/zero must not hang or fill memory.
+            raw = read_regular_file(path, MAX_CONFIG_BYTES, "a config.json")
         except FileNotFoundError:
             raise ConfigError(source, ["file not found"]) from None
         except IsADirectoryError:
@@ -195,12 +323,22 @@ class Gpt2Config:
             text = raw.decode("utf-8-sig")
         except UnicodeDecodeError as e:
             raise ConfigError(source, [f"not UTF-8 text ({e.reason} at byte {e.start})"]) from None
-        try:
-            d = json.loads(text)
-        except json.JSONDecodeError as e:
-            where = f"line {e.lineno}, column {e.colno}"
-            raise ConfigError(source, [f"not valid JSON: {e.msg} ({where})"]) from None
-        return cls.from_dict(d, source=source)
+        return cls.from_dict(parse_json(text, source, ConfigError), source=source)
+
+
+def parse_json(text: str | bytes, source: str, error: Any) -> Any:
+    """json.loads, with every way it can fail (bad JSON, nesting deeper than the interpreter's recursion
+    limit, an integer too long to convert) turned into ``error(source, [one line])``."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        where = f"line {e.lineno}, column {e.colno}"
+        raise error(source, [f"not valid JSON: {e.msg} ({where})"]) from None
+    except RecursionError:
+        raise error(source, ["not usable JSON: nested too deeply"]) from None
+    except ValueError as e:  # an integer literal longer than sys.get_int_max_str_digits(), bad UTF-8
+        reason = str(e).split(";")[0].split(":")[0]
+        raise error(source, [f"not usable JSON: {reason}"]) from None
 
 
 def _unsupported_architecture(d: dict[str, Any]) -> list[str]:
@@ -208,17 +346,17 @@ def _unsupported_architecture(d: dict[str, Any]) -> list[str]:
     problems = []
     model_type = d.get("model_type")
     if model_type is not None and model_type != "gpt2":
-        problems.append(f"'model_type' must be 'gpt2', found {model_type!r}")
+        problems.append(f"'model_type' must be 'gpt2', found {_show(model_type)}")
     n_inner = d.get("n_inner")
     n_embd = d.get("n_embd")
     # Only comparable with a valid n_embd; a bad n_embd is reported on its own.
     if n_inner is not None and _is_int(n_embd) and n_inner != 4 * n_embd:
-        problems.append(f"'n_inner' {n_inner!r} is not supported (only null or 4 * n_embd)")
+        problems.append(f"'n_inner' {_show(n_inner)} is not supported (only null or 4 * n_embd)")
     for key, required in (
         ("scale_attn_weights", True),
         ("scale_attn_by_inverse_layer_idx", False),
         ("add_cross_attention", False),
     ):
         if key in d and d[key] is not required:
-            problems.append(f"'{key}' must be {str(required).lower()} (found {d[key]!r})")
+            problems.append(f"'{key}' must be {str(required).lower()} (found {_show(d[key])})")
     return problems

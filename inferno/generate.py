@@ -28,6 +28,10 @@ class ContextLengthError(GenerationError):
     """The prompt does not fit the model's context window."""
 
 
+class PromptTypeError(GenerationError, TypeError):
+    """A prompt that is neither text nor a sequence of int token ids (bytes, floats, None, ...)."""
+
+
 @dataclass
 class GenerationResult:
     prompt_ids: list[int]
@@ -99,14 +103,18 @@ class TokenStream:
             return
         # The last new token is never fed back, so the cache needs room for one position less.
         cache = self.model.new_cache(1, len(prompt) + budget - 1)
-        logits = self.model.forward(np.asarray([prompt]), cache)
+        # Overflow is detected on the logits (check_logits), with a better message than NumPy's warnings.
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            logits = self.model.forward(np.asarray([prompt]), cache)
         for i in range(budget):
-            step = self.state.step(self.model.backend.to_numpy(logits)[0, : self.sample_limit],
-                                   last=i + 1 == budget)
+            # Shape and finiteness of the one row sampled, on the host copy (~10 µs; see Gpt2.check_logits).
+            host = self.model.check_logits(self.model.backend.to_numpy(logits), 1)
+            step = self.state.step(host[0, : self.sample_limit], last=i + 1 == budget)
             yield step
             if step.finish_reason is not None:
                 return
-            logits = self.model.forward(np.asarray([[step.id]]), cache)
+            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+                logits = self.model.forward(np.asarray([[step.id]]), cache)
 
     def __iter__(self) -> Iterator[int]:
         for step in self.steps():
@@ -119,9 +127,48 @@ class TokenStream:
                                 self.model.backend.name, s.logprobs, s.stop_reason)
 
 
+def _show(value: object) -> str:
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - a value that cannot even be shown
+        text = "?"
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def token_ids(ids: object) -> list[int]:
+    """A prompt of token ids as a list of ints, or a `PromptTypeError` saying what was given.
+
+    Accepted: a sequence (list, tuple, range, 1-D integer NumPy array, ...) of ints or NumPy integers.
+    Rejected, rather than converted: text as bytes or bytearray (their items are ints, but they are text:
+    decode them to str), floats (1.9 would become 1), strings ('15496'), booleans, and things that are
+    not sequences (dicts, sets, None, a number).
+    """
+    what = type(ids).__name__
+    if isinstance(ids, (bytes, bytearray, memoryview)):
+        raise PromptTypeError(f"the prompt is {what} {_show(ids)}: give text as a str (decode the bytes "
+                              "first) or token ids as a list of ints")
+    if isinstance(ids, np.ndarray):
+        if ids.ndim != 1 or ids.dtype.kind not in "iu":
+            raise PromptTypeError(f"a NumPy prompt must be a 1-D array of integer token ids, got a "
+                                  f"{ids.ndim}-D array of {ids.dtype}")
+        return ids.tolist()
+    if not isinstance(ids, Sequence) or isinstance(ids, str):
+        raise PromptTypeError(f"the prompt must be a str or a sequence of int token ids, got {what} "
+                              f"{_show(ids)}")
+    out = list(ids)
+    for n, i in enumerate(out):
+        if type(i) is not int:
+            if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)):
+                raise PromptTypeError(f"prompt token ids must be ints, got {_show(i)} "
+                                      f"({type(i).__name__}) at index {n}")
+            out[n] = int(i)
+    return out
+
+
 def check_ids(ids: Sequence[int], config: Gpt2Config) -> list[int]:
-    """The prompt as a list of ints, or a `GenerationError` saying what is wrong with it."""
-    ids = [int(i) for i in ids]
+    """The prompt as a list of ints, or a `GenerationError` saying what is wrong with it (a
+    `PromptTypeError` when it is not a sequence of ints at all; see `token_ids`)."""
+    ids = token_ids(ids)
     if not ids:
         raise GenerationError("the prompt has no tokens (start from <|endoftext|> for unconditional text)")
     bad = [i for i in ids if not 0 <= i < config.vocab_size]

@@ -2,9 +2,14 @@
 
 The download uses only the standard library (urllib) and fetches exactly the three files inferno
 needs from ``{HF_ENDPOINT or https://huggingface.co}/openai-community/gpt2/resolve/main/<file>``.
-Each file is streamed to ``<file>.part`` and moved into place only when complete, so an
-interrupted download never leaves a truncated model.safetensors, and a file the user already has
-is never overwritten.
+Each file is streamed into a temporary file that inferno creates itself, exclusively, in the target
+folder (``.<file>.XXXXXXXX.inferno-download``), verified, and only then moved into place: its size
+against Content-Length (and the Hub's ``X-Linked-Size``), its SHA-256 against the Hub's
+``X-Linked-Etag`` where one is given, and its contents (config.json must be a valid GPT-2 config,
+tokenizer.json a usable tokenizer, model.safetensors a safetensors file whose header matches the
+config). An interrupted or bad download leaves nothing behind, and nothing the user has is ever
+followed, overwritten or deleted: not a model file already there (even a dangling symlink), not a
+``model.safetensors.part`` of theirs.
 
 Progress: with ``progress=True`` a live bar (MB and %) is drawn on stderr when stderr is a
 terminal; otherwise one line is printed when each file starts and one when it is done, so logs
@@ -15,10 +20,13 @@ Offline: ``HF_HUB_OFFLINE`` or ``INFERNO_OFFLINE`` set to 1/true/yes/on means no
 
 from __future__ import annotations
 
+import hashlib
 import http.client
 import os
+import re
 import shlex
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -48,7 +56,8 @@ _TRUE = {"1", "true", "yes", "on"}
 
 class ModelFilesMissing(FileNotFoundError):
     """The model files are not available; ``str()`` is one line saying what is missing, where we
-    looked, why a download did not happen or failed, and the command that fetches them."""
+    looked, why a download did not happen or failed, and what to run; ``lines`` is the same in two
+    lines (what is missing, what to run), as the CLI prints it."""
 
     def __init__(
         self,
@@ -65,21 +74,46 @@ class ModelFilesMissing(FileNotFoundError):
         # A single argument keeps OSError from formatting it as "[Errno ...]".
         super().__init__(self._message())
 
-    def _message(self) -> str:
-        command = (
-            f"hf download {REPO_ID} --include {' '.join(self.missing)} --local-dir {shlex.quote(self.target)}"
-        )
+    @property
+    def problem(self) -> str:
+        """What is missing, where we looked and why no download happened or it failed."""
         parts = [
             f"GPT-2 model file(s) missing: {', '.join(self.missing)}",
             f"looked in {', '.join(self.searched)}",
         ]
         if self.reason:
             parts.append(" ".join(self.reason.split()))  # one line, whatever the network library said
-        parts.append(f"fetch them with: {command}")
         return "; ".join(parts)
+
+    @property
+    def remedy(self) -> str:
+        """What to run: `hf download` with the file names as arguments where the hf command exists;
+        otherwise (inferno downloads by itself) what to do offline."""
+        import shutil
+
+        target = shlex.quote(self.target)
+        if shutil.which("hf"):
+            return f"fetch them with: {shlex.join(fetch_command(self.missing, self.target))}"
+        offline = [n for n in ("HF_HUB_OFFLINE", "INFERNO_OFFLINE") if _env_true(n)]
+        if offline:
+            return f"unset {' and '.join(offline)} to download them; offline, copy them into {target}"
+        return f"to run offline, copy them into {target} from {_endpoint()}/{REPO_ID}"
+
+    @property
+    def lines(self) -> tuple[str, str]:
+        return self.problem, self.remedy
+
+    def _message(self) -> str:
+        return "; ".join(self.lines)
 
     def __str__(self) -> str:
         return self._message()
+
+
+def fetch_command(missing: Iterable[str], target: str | os.PathLike[str] = LOCAL_DIR) -> list[str]:
+    """The `hf download` command (as argv) that fetches `missing` into `target`: file names are plain
+    arguments (``--include`` takes one glob and is ignored when names are given)."""
+    return ["hf", "download", REPO_ID, *missing, "--local-dir", os.fspath(target)]
 
 
 def _env_true(name: str) -> bool:
@@ -111,6 +145,10 @@ def hf_cache_dir() -> Path:
 def _missing(directory: Path) -> list[str]:
     # is_file() follows symlinks, so a cache entry pointing at a deleted blob counts as missing.
     return [name for name in REQUIRED_FILES if not (directory / name).is_file()]
+
+
+def _absent(directory: Path) -> list[str]:
+    return [name for name in REQUIRED_FILES if not os.path.lexists(directory / name)]
 
 
 def find_cached_snapshot(cache_dir: str | os.PathLike[str] | None = None) -> Path | None:
@@ -152,6 +190,13 @@ def resolve_model_dir(
     Raises :class:`ModelFilesMissing` (one line) when none of that works.
     """
     if model_dir is not None:
+        if not isinstance(model_dir, (str, os.PathLike)):
+            raise TypeError(f"model_dir must be a path (str or os.PathLike), not {type(model_dir).__name__}")
+        if os.fspath(model_dir) == "":
+            # Path("") is the current directory: an empty --model-dir must not load from (or download
+            # into) wherever the command happens to run.
+            raise FileNotFoundError("model folder '' is an empty path: give a folder, or leave it out to use "
+                                    "./gpt2, the Hugging Face cache or a download")
         target = Path(model_dir).expanduser().absolute()
         searched = [target]
     else:
@@ -167,7 +212,9 @@ def resolve_model_dir(
     if target.exists() and not target.is_dir():
         raise NotADirectoryError(f"model folder {target} is a file; expected a folder holding "
                                  f"{', '.join(REQUIRED_FILES)}")
-    missing = _missing(target)
+    # Only absent files are fetched: one that exists but is not a regular file (a FIFO, a device) is left
+    # for the loaders to name; a dangling symlink is the user's and is never written through.
+    missing = _absent(target)
     if not missing:
         return target
     shown_target = os.fspath(model_dir) if model_dir is not None else LOCAL_DIR
@@ -183,7 +230,7 @@ def resolve_model_dir(
             # URLError/HTTPError/timeouts are OSErrors; a short body is IncompleteRead; a bad
             # HF_ENDPOINT is a ValueError.
             reason = f"download failed: {_describe_error(e)}"
-            missing = _missing(target) or missing  # files that did arrive are complete and stay
+            missing = _absent(target) or missing  # files that did arrive are complete and stay
     raise ModelFilesMissing(missing, searched, target=shown_target, reason=reason) from None
 
 
@@ -203,13 +250,18 @@ class _DownloadError(OSError):
     pass
 
 
+class DownloadVerificationError(_DownloadError):
+    """A downloaded file failed its checks (size, checksum, contents); it was not saved."""
+
+
 def download_files(
     names: Iterable[str], directory: str | os.PathLike[str], *, progress: bool = True
 ) -> list[Path]:
     """Download ``names`` from openai-community/gpt2 into ``directory`` (created if needed).
 
-    Files already present are left untouched. Raises OSError (urllib's errors included) on failure,
-    leaving no ``.part`` file behind.
+    Files already present (as anything, a dangling symlink included) are left untouched. Each file is
+    verified before it is moved into place (see the module docstring). Raises OSError (urllib's errors
+    and `DownloadVerificationError` included) on failure, leaving no temporary file behind.
     """
     directory = Path(directory)
     names = list(names)
@@ -222,7 +274,7 @@ def download_files(
     try:
         for name in names:
             dest = directory / name
-            if not dest.exists():
+            if not os.path.lexists(dest):
                 _download_one(f"{_endpoint()}/{REPO_ID}/resolve/main/{name}", dest, progress)
             done.append(dest)
     except BaseException:
@@ -233,21 +285,57 @@ def download_files(
     return done
 
 
+class _RecordRedirects(urllib.request.HTTPRedirectHandler):
+    """Follows redirects as usual and keeps each redirect's headers: the Hub sends the file's SHA-256
+    (X-Linked-Etag) and size (X-Linked-Size) on the 302 to its CDN."""
+
+    def __init__(self) -> None:
+        self.headers: list = []
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: ANN001 - urllib's API
+        self.headers.append(headers)
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+_SHA256 = re.compile(r'^(?:W/)?"?([0-9a-f]{64})"?$')
+
+
+def _published(all_headers: list) -> tuple[str | None, int | None]:
+    """(SHA-256, size) the Hub published for the file, where it did (X-Linked-Etag, X-Linked-Size)."""
+    sha, size = None, None
+    for headers in all_headers:
+        m = _SHA256.match((headers.get("X-Linked-Etag") or "").strip().lower())
+        if m:
+            sha = m.group(1)
+        linked = (headers.get("X-Linked-Size") or "").strip()
+        if linked.isdigit():
+            size = int(linked)
+    return sha, size
+
+
 def _download_one(url: str, dest: Path, progress: bool) -> None:
-    part = dest.with_name(dest.name + ".part")
     request = urllib.request.Request(url, headers={"User-Agent": "inferno (urllib)"})
     bar = _Progress(dest.name, url, sys.stderr) if progress else None
+    redirects = _RecordRedirects()
+    opener = urllib.request.build_opener(redirects)
+    tmp: Path | None = None
     try:
-        with urllib.request.urlopen(request, timeout=CONNECT_TIMEOUT_S) as response:
+        with opener.open(request, timeout=CONNECT_TIMEOUT_S) as response:
             length = response.headers.get("Content-Length")
             total = int(length) if length and length.isdigit() else None
+            sha, linked_size = _published([*redirects.headers, response.headers])
             if bar:
                 bar.start(total)
             received = 0
-            # A stale .part from an interrupted run is simply overwritten.
-            with open(part, "wb") as out:
+            digest = hashlib.sha256()
+            # Our own file, created exclusively (O_EXCL, mode 0600) in the target folder: never a file or a
+            # link of the user's, and on the same filesystem, so that moving it into place is a link.
+            fd, name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".inferno-download", dir=dest.parent)
+            tmp = Path(name)
+            with os.fdopen(fd, "wb") as out:
                 while chunk := response.read(_CHUNK):
                     out.write(chunk)
+                    digest.update(chunk)
                     received += len(chunk)
                     if bar:
                         bar.update(received)
@@ -255,26 +343,72 @@ def _download_one(url: str, dest: Path, progress: bool) -> None:
                     raise _DownloadError(f"connection closed after {received} of {total} bytes of {url}")
                 out.flush()
                 os.fsync(out.fileno())
-        _move_into_place(part, dest)
+        if linked_size is not None and received != linked_size:
+            raise DownloadVerificationError(f"{dest.name} from {url} is {received} bytes, but the Hub "
+                                            f"lists {linked_size}: not saved")
+        if sha is not None and digest.hexdigest() != sha:
+            raise DownloadVerificationError(f"{dest.name} from {url} has SHA-256 {digest.hexdigest()}, but "
+                                            f"the Hub lists {sha}: not saved")
+        _verify_contents(tmp, dest, url)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600 would make the model private to this user
+        _move_into_place(tmp, dest)
         if bar:
             bar.finish(received)
     except BaseException:
-        # Covers network errors and Ctrl-C alike: nothing half-written is left behind.
-        part.unlink(missing_ok=True)
+        # Covers network errors, a failed check and Ctrl-C alike: nothing half-written is left behind.
         if bar:
             bar.abort()
         raise
+    finally:
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)  # ours (a no-op once moved into place)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _verify_contents(tmp: Path, dest: Path, url: str) -> None:
+    """Check that a downloaded file is what its name says (an HTML error page served with status 200 is
+    not); raises `DownloadVerificationError` with the reason."""
+    from inferno.config import ConfigError, Gpt2Config
+    from inferno.tokenizer import Tokenizer, TokenizerError
+    from inferno.weights import WeightsError, _plan, read_safetensors_header
+
+    def bad(reason: str) -> DownloadVerificationError:
+        reason = reason.replace(os.fspath(tmp), dest.name)
+        return DownloadVerificationError(f"{dest.name} from {url} is not usable ({reason}): not saved")
+
+    try:
+        if dest.name == "config.json":
+            Gpt2Config.from_file(tmp)
+        elif dest.name == "tokenizer.json":
+            Tokenizer.from_file(tmp)
+        elif dest.name == "model.safetensors":
+            header = read_safetensors_header(tmp)
+            try:  # against the config beside it, when there is a usable one (else at load)
+                config = Gpt2Config.from_file(dest.parent / "config.json")
+            except ConfigError:
+                return
+            _, problems = _plan(header, config)
+            if problems:
+                raise WeightsError(tmp, [f"it does not match config.json: {'; '.join(problems)}"])
+    except (ConfigError, TokenizerError, WeightsError) as exc:
+        raise bad(" ".join(str(exc).split())) from None
 
 
 def _move_into_place(part: Path, dest: Path) -> None:
-    """Rename ``part`` to ``dest`` atomically without ever replacing an existing ``dest``."""
+    """Rename ``part`` (our own file) to ``dest`` atomically without ever replacing an existing ``dest``
+    (a symlink, even a dangling one, counts as existing)."""
     try:
-        os.link(part, dest)  # fails if dest exists, unlike rename
+        os.link(part, dest, follow_symlinks=False)  # fails if dest exists, unlike rename
     except FileExistsError:
         pass  # someone else put it there meanwhile: theirs wins
     except OSError:
         # Filesystems without hard links: a plain rename, after checking.
-        if not dest.exists():
+        if not os.path.lexists(dest):
             os.replace(part, dest)
             return
     part.unlink(missing_ok=True)

@@ -27,6 +27,8 @@ from typing import Any
 
 import regex
 
+from inferno.config import FileTooLargeError, NotARegularFileError, read_regular_file
+
 __all__ = ["PATTERN", "IncrementalDecoder", "Tokenizer", "TokenizerError", "bytes_to_unicode"]
 
 # GPT-2's pre-tokenizer (the same as Hugging Face's ByteLevel one). Case-sensitive on purpose: "'LL"
@@ -67,6 +69,9 @@ _MAX_CACHED_PIECE = 256
 _CACHE_SIZE = 100_000
 # Rank of a pair that is not a merge: larger than any real rank.
 _NO_MERGE = 1 << 62
+# GPT-2's tokenizer.json is 1.4 MB, the largest BPE vocabularies' (250k tokens) about 20 MB: a bigger file
+# is not a tokenizer, and is not read into memory.
+MAX_TOKENIZER_BYTES = 64 << 20
 
 
 class TokenizerError(ValueError):
@@ -109,6 +114,17 @@ def _to_byte_level(piece: str) -> str:
         # pair is joined into its character on the way).
         raw = piece.encode("utf-16", "surrogatepass").decode("utf-16", "replace").encode("utf-8")
     return raw.decode("latin-1").translate(_ENCODE_TABLE)
+
+
+def _short(value: object) -> str:
+    """repr of a JSON value, short, and safe for huge integers (whose repr raises past 4300 digits)."""
+    if type(value) is int and abs(value) >= 10**18:
+        return f"<an integer of about {int(abs(value).bit_length() * 0.30103) + 1} digits>"
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):
+        return f"<a {type(value).__name__}>"
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _is_pair(obj: object) -> bool:
@@ -197,13 +213,18 @@ class Tokenizer:
                 f"model.vocab lacks the byte-level tokens for bytes {missing[:8]} (not byte-level BPE?)"
             )
 
-        all_ids = {**self._vocab, **special_tokens}
-        if not all(type(i) is int and i >= 0 for i in all_ids.values()):
-            token, i = next((t, i) for t, i in all_ids.items() if type(i) is not int or i < 0)
-            raise fail(f"token {token!r} has id {i!r}, not a non-negative integer")
-        size = max(all_ids.values()) + 1
-        if size > 10 * len(all_ids) + 1024:
-            raise fail(f"ids are far too sparse ({len(all_ids)} tokens, largest id {size - 1})")
+        for table in (self._vocab, special_tokens):
+            if not all(type(i) is int and i >= 0 for i in table.values()):
+                token, i = next((t, i) for t, i in table.items() if type(i) is not int or i < 0)
+                raise fail(f"token {token!r} has id {_short(i)}, not a non-negative integer")
+        size = max([*self._vocab.values(), *special_tokens.values()]) + 1
+        if size > 10 * (len(self._vocab) + len(special_tokens)) + 1024:
+            n = len(self._vocab) + len(special_tokens)
+            raise fail(f"ids are far too sparse ({n} tokens, largest id {size - 1})")
+        for text, i in special_tokens.items():
+            if text in self._vocab and self._vocab[text] != i:
+                raise fail(f"added token {text!r} has id {_short(i)}, but model.vocab gives it id "
+                           f"{self._vocab[text]}")
 
         # id -> bytes, for decoding. All tokens are translated in one go: each byte-level character
         # is one byte, so token boundaries in the joined string are the same in the bytes.
@@ -229,13 +250,23 @@ class Tokenizer:
                 pass  # part of a multi-byte character: never a whole piece of text
         for text in [t for t in base if not t.isascii() and _has_newer_chars(t)]:
             del base[text]  # see _PieceCache
+        special_of: dict[int, str] = {}
         for text, i in special_tokens.items():
             if not isinstance(text, str) or not text:
                 raise fail(f"special token {text!r} is not a non-empty string")
             raw = text.encode("utf-8")
+            if i in special_of:
+                raise fail(f"added tokens {special_of[i]!r} and {text!r} share id {i}")
+            special_of[i] = text
             if id_to_bytes[i] is not None and id_to_bytes[i] != raw:
                 raise fail(f"special token {text!r} reuses id {i} of model.vocab token {id_to_bytes[i]!r}")
             id_to_bytes[i] = raw
+        if None in id_to_bytes:
+            # Generation samples any id below the vocabulary size: each must decode to something.
+            gaps = [i for i, raw in enumerate(id_to_bytes) if raw is None]
+            shown = ", ".join(map(str, gaps[:8])) + (f", ... ({len(gaps) - 8} more)" if len(gaps) > 8 else "")
+            raise fail(f"no token has id {shown}: the ids of model.vocab and added_tokens must run from 0 to "
+                       f"{size - 1} without gaps")
         self._id_to_bytes = id_to_bytes
         self._special = special_tokens
         self._cache = _PieceCache(base, self)
@@ -260,6 +291,8 @@ class Tokenizer:
         that string is unambiguous, and the usual "a b" form of model.merges is already the key."""
         if not isinstance(merges, list):
             merges = list(merges)
+        if not merges:
+            return {}  # BPE without merges: every piece is its bytes (valid, if useless)
         if all(type(m) is str for m in merges):
             keys = merges
         else:
@@ -294,13 +327,22 @@ class Tokenizer:
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> Tokenizer:
         """Load a Hugging Face ``tokenizer.json`` holding a byte-level BPE model (such as GPT-2's)."""
-        with open(path, "rb") as f:
-            data = f.read()
+        source = os.fspath(path)
+        try:
+            # A regular file of bounded size: a FIFO or a link to /dev/zero must not hang or fill memory.
+            data = read_regular_file(path, MAX_TOKENIZER_BYTES, "a tokenizer.json")
+        except (NotARegularFileError, FileTooLargeError) as exc:
+            raise TokenizerError(f"{source}: {exc.strerror}") from None
         try:
             obj = json.loads(data)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise TokenizerError(f"{os.fspath(path)}: not a valid JSON file ({exc})") from None
-        return cls.from_dict(obj, source=os.fspath(path))
+            raise TokenizerError(f"{source}: not a valid JSON file ({exc})") from None
+        except RecursionError:
+            raise TokenizerError(f"{source}: not a usable JSON file (nested too deeply)") from None
+        except ValueError as exc:  # an integer literal longer than sys.get_int_max_str_digits()
+            reason = str(exc).split(";")[0].split(":")[0]
+            raise TokenizerError(f"{source}: not a usable JSON file ({reason})") from None
+        return cls.from_dict(obj, source=source)
 
     @classmethod
     def from_dict(cls, obj: Any, *, source: str = "<tokenizer.json>") -> Tokenizer:
@@ -347,6 +389,9 @@ class Tokenizer:
             flags = [flag for flag in ("lstrip", "rstrip", "single_word") if entry.get(flag)]
             if flags:
                 raise fail(f"added_tokens[{n}] ({entry['content']!r}) sets {', '.join(flags)}: not supported")
+            if entry["content"] in special and special[entry["content"]] != entry["id"]:
+                raise fail(f"added_tokens[{n}] ({entry['content']!r}) repeats an added token with another id "
+                           f"({_short(special[entry['content']])} and {_short(entry['id'])})")
             special[entry["content"]] = entry["id"]
         return cls(vocab, merges, special, source=source)
 

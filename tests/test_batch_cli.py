@@ -382,7 +382,9 @@ def test_requests_the_engine_fails_are_reported_and_not_written(model_dir, tmp_p
     err = capsys.readouterr().err
     assert code == 1, err
     for line, rid in ((1, "a"), (2, "b")):
-        assert f'in.jsonl:{line}: id "{rid}" failed: FloatingPointError: the LM head broke' in err
+        # The model names the backend and the kernel that raised (inferno.model's guard).
+        assert (f'in.jsonl:{line}: id "{rid}" failed: BackendError: backend \'broken-batch-test\': lm_head '
+                "raised FloatingPointError: the LM head broke") in err
     assert err.strip().splitlines()[-1].endswith("0 malformed, 2 failed (run again to retry them)]")
     assert out.read_bytes() == b""  # a later run retries them
 

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import http.server
 import io
+import json
 import os
 import threading
 from pathlib import Path
 
 import pytest
+from random_gpt2 import hub_layout, random_state_dict, small_config
+from safetensors.numpy import save as safetensors_bytes
 
 import inferno.hub as hub
 from inferno.hub import (
@@ -18,13 +21,21 @@ from inferno.hub import (
     hf_cache_dir,
     resolve_model_dir,
 )
+from inferno.tokenizer import bytes_to_unicode
 
 PREFIX = "/openai-community/gpt2/resolve/main/"
+# Valid files, since downloads are verified: a small GPT-2 config, weights that match it (bigger than the
+# 1 MiB read chunk, so streaming and the progress bar take several steps), and a byte-level tokenizer.
+_CONFIG = small_config(vocab_size=4352, n_positions=16, n_embd=64, n_layer=1, n_head=2)
+_BYTES = bytes_to_unicode()
 CONTENT = {
-    "config.json": b'{"n_layer": 12}\n',
-    # Bigger than the 1 MiB read chunk, so streaming and the progress bar take several steps.
-    "model.safetensors": bytes(range(256)) * 9000,
-    "tokenizer.json": b'{"model": {}}\n',
+    "config.json": json.dumps({**{k: getattr(_CONFIG, k) for k in (
+        "vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "bos_token_id", "eos_token_id")},
+        "model_type": "gpt2"}).encode() + b"\n",
+    "model.safetensors": safetensors_bytes(hub_layout(random_state_dict(_CONFIG), _CONFIG)),
+    "tokenizer.json": json.dumps(
+        {"model": {"type": "BPE", "merges": [], "vocab": {c: i for i, c in enumerate(_BYTES.values())}}}
+    ).encode(),
 }
 
 
@@ -127,7 +138,9 @@ def resolve_error(*args, **kwargs) -> ModelFilesMissing:
         resolve_model_dir(*args, **kwargs)
     message = str(info.value)
     assert "\n" not in message
-    assert "hf download openai-community/gpt2 --include" in message
+    # What to run: `hf download` with the names as plain arguments where hf exists, else what to do offline.
+    assert "--include" not in message
+    assert "fetch them with: hf download openai-community/gpt2 " in message or "copy them into" in message
     return info.value
 
 
@@ -248,12 +261,13 @@ def test_redirects_are_followed(env, fake_hub):
     assert any(p.startswith("/cdn/") for p in fake_hub.requests)
 
 
-def test_stale_part_file_is_replaced(env, fake_hub):
+def test_a_part_file_is_not_ours_and_is_kept(env, fake_hub):
+    # Downloads go to a temporary file inferno creates itself: a model.safetensors.part is the user's.
     d = fill(env / "gpt2", ["config.json", "tokenizer.json"])
     (d / "model.safetensors.part").write_bytes(b"left over from an interrupted run" * 100)
     resolve_model_dir(progress=False)
     assert (d / "model.safetensors").read_bytes() == CONTENT["model.safetensors"]
-    assert not (d / "model.safetensors.part").exists()
+    assert (d / "model.safetensors.part").read_bytes() == b"left over from an interrupted run" * 100
 
 
 def test_http_404_is_one_line_error(env, fake_hub):
@@ -318,7 +332,8 @@ def test_download_false_makes_no_request(env, fake_hub):
     e = resolve_error(download=False)
     assert fake_hub.requests == []
     assert e.missing == ["model.safetensors", "tokenizer.json"]
-    assert "--include model.safetensors tokenizer.json --local-dir gpt2" in str(e)
+    assert ("gpt2 model.safetensors tokenizer.json --local-dir gpt2" in str(e)
+            or "copy them into gpt2 " in str(e))
     assert "downloading disabled" in str(e)
 
 
@@ -327,7 +342,7 @@ def test_explicit_dir_error_names_it(env, tmp_path):
     e = resolve_error(d, download=False)
     assert e.missing == ["config.json", "model.safetensors"]
     assert str(d) in str(e)
-    assert f"--local-dir '{d}'" in str(e)  # quoted: the path has a space
+    assert f"--local-dir '{d}'" in str(e) or f"copy them into '{d}'" in str(e)  # quoted: it has a space
     assert "models--" not in str(e)  # an explicit directory is the only place looked
 
 
@@ -361,11 +376,12 @@ def test_move_into_place_never_overwrites(tmp_path):
     assert (tmp_path / "g").read_bytes() == b"downloaded" and not part.exists()
 
 
-def test_model_files_missing_message_is_one_line():
+def test_model_files_missing_message_is_one_line(monkeypatch):
+    monkeypatch.setattr("shutil.which", lambda name: f"/usr/bin/{name}")  # the hf command is installed
     e = ModelFilesMissing(["model.safetensors"], ["/a", "/b"], reason="download failed: boom\nsecond line")
     assert str(e) == (
         "GPT-2 model file(s) missing: model.safetensors; looked in /a, /b; "
         "download failed: boom second line; "
-        "fetch them with: hf download openai-community/gpt2 --include model.safetensors --local-dir gpt2"
+        "fetch them with: hf download openai-community/gpt2 model.safetensors --local-dir gpt2"
     )
     assert isinstance(e, FileNotFoundError)

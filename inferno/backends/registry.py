@@ -22,13 +22,21 @@ Values that read as Python ints, floats or booleans (``true``/``false``, any cas
 converted; everything else is passed as a string. Keyword options given to `get_backend` override
 those in the spec.
 
-**Broken plugins.** Discovery happens once per process, on first use. A plugin that fails to import,
-has a bad hook signature, raises in its hook, or registers something that is not a usable `Backend`
-subclass is skipped with one `BackendPluginWarning` naming its distribution; the other backends keep
-working, `list_backends` shows the failure as the status, and asking for it by name raises
-`BackendUnavailableError` with the reason. Where a broken plugin must fail loudly, escalate the warning:
-``warnings.simplefilter("error", BackendPluginWarning)``, or in pytest
-``-W error::inferno.backends.registry.BackendPluginWarning``.
+**Broken plugins.** Discovery happens once per process, on first use. A plugin that fails to import
+(any exception, `SystemExit` included; only `KeyboardInterrupt` goes through), has a bad hook signature,
+raises in its hook, or registers something that is not a usable `Backend` subclass is skipped; the other
+backends keep working. It is reported only where it matters: `list_backends` (``inferno backends``)
+issues one `BackendPluginWarning` per broken plugin, once per process, shown as one line (no source
+line), and shows the failure as the status; asking for it by name raises `BackendUnavailableError` with
+the reason. Using another backend prints nothing. Where a broken plugin must fail loudly, escalate the
+warning: ``warnings.simplefilter("error", BackendPluginWarning)``, in pytest ``-W
+error::inferno.backends.registry.BackendPluginWarning``, for the command ``python -W error::UserWarning -m
+inferno ...`` (Python's own -W cannot import a category from a package).
+
+**A backend failing at run time.** Whatever a backend's constructor raises, apart from the option
+errors (TypeError, ValueError: `BackendOptionError`) and `BackendUnavailableError`, becomes a
+`BackendError` naming the backend and the call; so do the exceptions of its `prepare_weight`,
+`weight_order` and kernels (see `inferno.model`), and the wrong shapes or non-finite values it returns.
 """
 
 from __future__ import annotations
@@ -39,7 +47,6 @@ import importlib.metadata
 import inspect
 import os
 import re
-import sys
 import threading
 import warnings
 from dataclasses import dataclass
@@ -51,6 +58,7 @@ from inferno.backends import hookspecs
 from inferno.backends.base import Backend
 
 __all__ = [
+    "BackendError",
     "BackendInfo",
     "BackendOptionError",
     "BackendPluginWarning",
@@ -95,6 +103,12 @@ class UnknownBackendError(ValueError):
 
 class BackendUnavailableError(RuntimeError):
     """The backend is known but cannot run here (missing library, or its plugin failed to load)."""
+
+
+class BackendError(BackendUnavailableError):
+    """A backend failed in a call (its constructor, `prepare_weight`, `weight_order`, a kernel) or
+    returned something unusable (a wrong shape, non-finite values); the message names the backend and
+    the call. A `BackendUnavailableError`: the backend cannot run this."""
 
 
 class BackendOptionError(ValueError):
@@ -194,6 +208,8 @@ class _Registry:
         self.entries: dict[str, _Entry] = {}
         # plugin module -> (origin, version, entry-point name), for the hook calls and the messages.
         self.sources: dict[object, tuple[str, str, str]] = {}
+        # Warnings not yet issued: list_backends issues them, once (see the module docstring).
+        self.pending: list[str] = []
 
     def discover(self) -> None:
         eps = _builtins_first(_entry_points())
@@ -204,7 +220,9 @@ class _Registry:
             origin, version = _origin(ep)
             try:
                 module = ep.load()
-            except Exception as exc:  # noqa: BLE001 - any import error of a plugin is reported, not raised
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:  # noqa: BLE001 - SystemExit too: a plugin never ends the process
                 self._fail(ep.name, origin, version, f"failed to import {ep.value!r}: {_one_line(exc)}")
                 continue
             self._register(module, origin, version, ep.name)
@@ -215,7 +233,9 @@ class _Registry:
             return  # the same module named by two entry points
         try:
             self.pm.register(module, name=f"{origin}:{ep_name}")
-        except Exception as exc:  # noqa: BLE001 - PluginValidationError (bad hook signature) and the like
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - PluginValidationError (bad hook signature) and the like
             self._fail(ep_name, origin, version, f"invalid plugin: {_one_line(exc)}")
             return
         self.sources[module] = (origin, version, ep_name)
@@ -230,7 +250,9 @@ class _Registry:
 
             try:
                 impl.function(**{arg: register for arg in impl.argnames})
-            except Exception as exc:  # noqa: BLE001
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:  # noqa: BLE001
                 self._fail(ep_name, origin, version, f"register_backends() raised {_one_line(exc)}")
 
     def _add(self, cls: object, origin: str, version: str, ep_name: str) -> None:
@@ -264,10 +286,18 @@ class _Registry:
     def _put(self, entry: _Entry) -> None:
         self.entries[entry.name] = entry
 
-    @staticmethod
-    def _warn(origin: str, version: str, message: str) -> None:
+    def _warn(self, origin: str, version: str, message: str) -> None:
         who = "built-in backend" if origin == BUILT_IN else f"backend plugin {origin} {version}".rstrip()
-        warnings.warn(f"inferno: {who}: {message}", BackendPluginWarning, stacklevel=_caller_level())
+        self.pending.append(f"inferno: {who}: {message}")
+
+    def issue_warnings(self) -> None:
+        """Issue the pending warnings, each once per process, as one line each: no source line is shown
+        (there is no file to point at; the plugin is the culprit, not the caller)."""
+        with _lock:
+            pending, self.pending = self.pending, []
+        for message in pending:
+            warnings.warn_explicit(message, BackendPluginWarning, filename="inferno", lineno=0,
+                                   module="inferno.backends.registry")
 
     def ordered(self) -> list[_Entry]:
         """Built-ins first, in their fixed order, then the others by name."""
@@ -275,14 +305,6 @@ class _Registry:
         return [e for e in entries if e.origin == BUILT_IN] + sorted(
             (e for e in entries if e.origin != BUILT_IN), key=lambda e: e.name
         )
-
-
-def _caller_level() -> int:
-    """The stacklevel of the first frame outside this module: a warning points at the user's call."""
-    frame, level = sys._getframe(1), 1
-    while frame is not None and frame.f_globals.get("__name__") == __name__:
-        frame, level = frame.f_back, level + 1
-    return level
 
 
 @dataclass(frozen=True)
@@ -360,7 +382,9 @@ def _status(entry: _Entry) -> str:
         return entry.error
     try:
         reason = entry.cls.unavailable_reason()
-    except Exception as exc:  # noqa: BLE001 - a crashing check means it cannot run
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - a crashing check means it cannot run
         return f"unavailable_reason() raised {_one_line(exc)}"
     return "ok" if reason is None else " ".join(str(reason).split())
 
@@ -371,8 +395,12 @@ def _info(entry: _Entry) -> BackendInfo:
 
 
 def list_backends() -> list[BackendInfo]:
-    """Every backend known to this process, built-ins first, broken plugins included (see `status`)."""
-    return [_info(entry) for entry in _get().ordered()]
+    """Every backend known to this process, built-ins first, broken plugins included (see `status`).
+
+    The first call issues a `BackendPluginWarning` for each broken plugin (once per process)."""
+    registry = _get()
+    registry.issue_warnings()
+    return [_info(entry) for entry in registry.ordered()]
 
 
 def _entry(name: str) -> _Entry:
@@ -414,6 +442,9 @@ def get_backend(name: str | None = None, **options: Any) -> Backend:
     Raises `UnknownBackendError` (a ValueError) for a name nobody registered and
     `BackendUnavailableError` (a RuntimeError) for one that cannot run here.
     """
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"a backend is named by a str such as 'numpy' or 'numpy:dtype=float64', "
+                        f"not {type(name).__name__} ({name!r:.40})")
     backend_name, spec_options = parse_backend_spec(_default_spec() if name is None else name)
     cls = get_backend_class(backend_name)
     kwargs = {**spec_options, **options}
@@ -433,3 +464,10 @@ def get_backend(name: str | None = None, **options: Any) -> Backend:
         return cls(**kwargs)
     except (TypeError, ValueError) as exc:
         raise BackendOptionError(f"backend {backend_name!r} rejected its options {kwargs}: {exc}") from exc
+    except (BackendUnavailableError, KeyboardInterrupt):
+        raise
+    except BaseException as exc:  # noqa: BLE001 - a plugin's failure, reported with its name
+        entry = _entry(backend_name)
+        where = "" if entry.origin == BUILT_IN else f" (from {entry.origin} {entry.version}".rstrip() + ")"
+        raise BackendError(f"backend {backend_name!r}{where} failed to start: its constructor raised "
+                           f"{_one_line(exc)}") from exc

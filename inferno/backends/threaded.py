@@ -49,12 +49,16 @@ kernel; medians of interleaved repeats on a machine shared with other test runs,
   multi-threaded GEMMs, 63 ms after a 0.1 s pause; a 512-token prefill with BLAS's threads left on
   inside the pool: 879 ms instead of 688). The limit is
   restored after each call, so other NumPy code in the process keeps its BLAS threads; benchmarks
-  that alternate backends in one process pause between them for the same reason.
+  that alternate backends in one process pause between them for the same reason. The limit is
+  process-wide, so the backends of a process share one `_BlasLimits`, whose limited sections (the
+  pooled kernels) run one thread at a time: used from several threads, every one of them restores
+  exactly what it found, and the process keeps its BLAS threads.
 
 **Worker count.** ``threads`` option, else ``$INFERNO_THREADS``, else the usable cores: the CPU
 affinity (`os.sched_getaffinity`) capped by the cgroup CPU quota (v2 ``cpu.max`` of this process's
-cgroup and its parents, or v1 ``cpu.cfs_quota_us``). ``threads=1`` runs everything on the calling
-thread with one BLAS thread (the tiled attention still skips masked blocks).
+cgroup and its parents, or v1 ``cpu.cfs_quota_us``). An explicit count is at most `MAX_THREADS`
+(1024): more is a mistake, not a machine (100000 threads fail to start). ``threads=1`` runs everything on
+the calling thread with one BLAS thread (the tiled attention still skips masked blocks).
 
 **Lifecycle.** Helpers are daemon threads (a forgotten backend never keeps the interpreter alive);
 `close()` (also a context manager, and a `weakref.finalize` run when the backend is garbage collected
@@ -62,8 +66,8 @@ or at interpreter exit) stops and joins them. An exception in any task is re-rai
 the pool stays usable; after Ctrl-C in the caller the helpers drop the rest of that call. A helper
 that dies (only a bug or an injected exception can end one) turns the next pooled call into a
 `WorkerError` naming it, never a hang: the caller polls the helpers' liveness while it waits. A
-forked child starts its own helpers on first use. Use a backend from one thread at a time: BLAS's thread
-limit is process-wide, and overlapping calls from several threads could restore it out of order.
+forked child starts its own helpers on first use. A backend may be used from several threads at once
+(their calls share the pool; see the BLAS limit above).
 
 **On 8-16 cores** (plan; measured here on 1-2): the pool grows to the usable cores and the blocking
 adapts: matmuls split by weight columns first and by rows once columns run out (at least `MIN_COLS`
@@ -92,6 +96,8 @@ from inferno.backends.hookspecs import hookimpl
 from inferno.backends.numpy_backend import NumpyBackend, gelu_new_into, layernorm_into, softmax_into
 
 ENV_THREADS = "INFERNO_THREADS"
+#: The most worker threads one may ask for (threads=N, $INFERNO_THREADS, --threads).
+MAX_THREADS = 1024
 
 # Below these sizes the pool costs more (waking threads, smaller BLAS calls) than it gains, and a kernel
 # runs directly, as in the numpy backend. Measured on 2 cores; see the module docstring.
@@ -187,7 +193,71 @@ def resolve_threads(threads: int | str | None = None) -> int:
         n = 0
     if n < 1:
         raise ValueError(f"cpu-threaded: {source} must be a positive integer or 'auto', got {threads!r}")
+    if n > MAX_THREADS:
+        raise ValueError(f"cpu-threaded: {source} must be at most {MAX_THREADS}, got {n} "
+                         f"(this machine has {usable_cores()} usable cores)")
     return n
+
+
+class _BlasLimits:
+    """BLAS's thread limit, shared by every cpu-threaded backend of the process (the limit is
+    process-wide). `limit(n)` is a context manager that sets it to `n` and restores what it found on
+    exit, holding a process-wide lock meanwhile: limited sections of different threads never
+    interleave (threadpoolctl's own `limit()` does: thread A saves 2 and sets 1, B saves 1, A restores
+    2, B restores 1, and the process is left at 1 BLAS thread). Those sections run the pool, which
+    already uses every core, so little is lost by running them one at a time. Re-entrant within a thread.
+
+    (A reference count, restoring when the last one leaves, is not enough: OpenBLAS 0.3.31 ignores
+    `openblas_set_num_threads` from other threads once the main thread has called it, so a last leaver
+    that is not the main thread cannot restore what the main thread set.)"""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._controller = None
+
+    def _libs(self) -> list:
+        if self._controller is None:
+            from threadpoolctl import ThreadpoolController
+
+            self._controller = ThreadpoolController().select(user_api="blas")
+        return self._controller.lib_controllers
+
+    def threads(self) -> int:
+        """BLAS's thread count now (the largest over its libraries; 1 when there is none)."""
+        return max((lib.num_threads or 1 for lib in self._libs()), default=1)
+
+    def limit(self, n: int) -> AbstractContextManager:
+        return _BlasLimit(self, n)
+
+
+class _BlasLimit(AbstractContextManager):
+    __slots__ = ("limits", "n", "saved")
+
+    def __init__(self, limits: _BlasLimits, n: int) -> None:
+        self.limits, self.n = limits, n
+
+    def __enter__(self) -> _BlasLimit:
+        self.limits._lock.acquire()
+        try:
+            self.saved = [(lib, lib.num_threads) for lib in self.limits._libs()]
+            for lib, threads in self.saved:
+                if threads != self.n:
+                    lib.set_num_threads(self.n)
+        except BaseException:
+            self.limits._lock.release()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            for lib, threads in self.saved:
+                if lib.num_threads != threads:
+                    lib.set_num_threads(threads)
+        finally:
+            self.limits._lock.release()
+
+
+_blas_limits = _BlasLimits()
 
 
 # -------------------------------------------------------------------------------------------- pool
@@ -348,8 +418,6 @@ class ThreadedBackend(NumpyBackend):
         attention scores do; 1, 1, 1 force the pool everywhere (for tests). From `fused_mlp_rows` rows
         per thread an MLP runs as row tiles through both of its matmuls."""
         super().__init__(dtype)
-        from threadpoolctl import ThreadpoolController
-
         self.threads = resolve_threads(threads)
         self.min_rows = int(min_rows)
         self.min_macs = int(min_macs)
@@ -358,8 +426,8 @@ class ThreadedBackend(NumpyBackend):
         if self.fused_mlp_rows < 1:
             raise ValueError(f"cpu-threaded: fused_mlp_rows must be a positive integer, got "
                              f"{fused_mlp_rows!r}")
-        self._blas = ThreadpoolController().select(user_api="blas")
-        blas_threads = max((lib.num_threads or 1 for lib in self._blas.lib_controllers), default=1)
+        self._blas = _blas_limits
+        blas_threads = self._blas.threads()
         self._direct_limit = self.threads if self.threads < blas_threads else None
         self._pool = WorkerPool(self.threads)
         # Runs close() when the backend is garbage collected or at interpreter exit, whichever is first.
@@ -390,7 +458,7 @@ class ThreadedBackend(NumpyBackend):
     def _one_blas_thread(self) -> AbstractContextManager:
         """BLAS single-threaded while the pool runs: the pool is the parallelism, and BLAS's own threads
         would oversubscribe the cores. Restored on exit, so other code in the process is unaffected."""
-        return self._blas.limit(limits=1)
+        return self._blas.limit(1)
 
     def _blas_for(self, rows: int) -> AbstractContextManager:
         """BLAS threads for a matmul that runs directly. In a prefill (many rows) one thread too: BLAS's
@@ -399,7 +467,7 @@ class ThreadedBackend(NumpyBackend):
         if rows >= self.min_rows:
             return self._one_blas_thread()
         if self._direct_limit is not None:
-            return self._blas.limit(limits=self._direct_limit)
+            return self._blas.limit(self._direct_limit)
         return nullcontext()
 
     def _row_tiles(self, rows: int) -> list[slice]:

@@ -39,7 +39,7 @@ DEVICE_TYPES = ("cpu", "cuda", "mps")
 class TorchBackend(ArrayApiBackend):
     name = "torch"
     description = ("PyTorch tensors through array-api-compat on CUDA, MPS or the CPU "
-                   "(device=auto|cpu|cuda[:N]|mps, dtype=float32|bfloat16|float16, threads=N).")
+                   "(device=auto|cpu|cuda[:N]|mps, dtype=float32|bfloat16|float16, threads=N up to 1024).")
 
     def __init__(self, device: Any = None, dtype: Any = "float32", threads: Any = None) -> None:
         """`device`: None or "auto" (cuda if available, then mps, then cpu), "cpu", "cuda", "cuda:N",
@@ -140,11 +140,18 @@ def _dtype_name(dtype: Any) -> str:
     return name
 
 
+#: The most CPU threads one may ask for: torch segfaults when its thread pool cannot start them all
+#: (threads=100000), and no machine has that many cores.
+MAX_THREADS = 1024
+
+
 def _threads(threads: Any) -> int | None:
     if threads is None or threads == "auto":
         return None
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise ValueError(f"torch backend: option threads={threads!r} must be an integer >= 1 or 'auto'")
+    if threads > MAX_THREADS:
+        raise ValueError(f"torch backend: option threads={threads} must be at most {MAX_THREADS}")
     return threads
 
 
