@@ -85,7 +85,8 @@ def cold_start(directory: Path, backend: str) -> tuple[float, int]:
     command = [sys.executable, "-m", "inferno", "The quick brown fox", "--model-dir", str(directory),
                "--max-new-tokens", "1", "--backend", backend]
     start = time.perf_counter()
-    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
     _, status, usage = os.wait4(proc.pid, 0)
     seconds = time.perf_counter() - start
     if os.waitstatus_to_exitcode(status) != 0:

@@ -1,14 +1,17 @@
-"""The `inferno` command: generate text, or run a subcommand (`inferno score`, `inferno backends`,
-`inferno bench`).
+"""The `inferno` command: generate text, or run a subcommand (`inferno score`, `inferno batch`,
+`inferno serve`, `inferno backends`, `inferno bench`).
 
-    inferno "The quick brown fox" --max-new-tokens 50
-    inferno --preset sample --seed 1 "Once upon a time"
+    inferno "The quick brown fox" -n 50
+    inferno --preset sample -s 1 "Once upon a time"
     inferno "Q: What is 2+2?\nA:" --stop "\n" --json --logprobs 3
+    echo "Once upon a time" | inferno          # the prompt from stdin
+    inferno "Summary:" -f notes.txt            # the argument, a newline, then the file's text
     inferno score essay.txt --json
     inferno backends --json
     inferno -- backends            # generate from the prompt "backends"
 
-Bad flags and bad files end with one line on stderr and exit code 2, never a traceback.
+Bad flags and bad files end with one line on stderr and exit code 2, never a traceback (missing model
+files take two: what is missing, and what to run).
 """
 
 from __future__ import annotations
@@ -16,7 +19,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
+import shlex
+import stat
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -80,10 +86,10 @@ _bias.__name__ = "ID=BIAS"
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     arg = p.add_argument
-    arg("--model-dir", metavar="DIR", help="folder with config.json, model.safetensors, tokenizer.json "
+    arg("-m", "--model-dir", metavar="DIR", help="folder with config.json, model.safetensors, tokenizer.json "
         "(default: ./gpt2, then the Hugging Face cache, then a download)")
-    arg("--backend", metavar="NAME", help="compute backend, optionally with options: NAME[:key=value,...] "
-        "(default: $INFERNO_BACKEND or numpy; see 'inferno backends')")
+    arg("-b", "--backend", metavar="NAME", help="compute backend, optionally with options: "
+        "NAME[:key=value,...] (default: $INFERNO_BACKEND or numpy; see 'inferno backends')")
     arg("--threads", metavar="N", type=_positive,
         help="worker threads (cpu-threaded, torch; default: usable cores); other backends reject it")
 
@@ -91,20 +97,27 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 def _generate_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="inferno",
-        description="Generate text with GPT-2 (124M) on the CPU.",
+        description="Generate text with GPT-2 (124M) on the CPU. The prompt is PROMPT, then (on a new line) "
+        "the text of -f FILE or, without -f, of stdin when it is a pipe or a file; one trailing newline of "
+        "that text is dropped.",
         epilog="Subcommands: 'inferno score FILE' gives a text's perplexity; 'inferno batch IN -o OUT' "
-        "generates for a JSONL file of prompts; 'inferno backends [--json]' "
-        "lists compute backends; 'inferno bench' measures them. To use a subcommand's name as the prompt, "
-        "put it after '--': inferno -- backends",
+        "generates for a JSONL file of prompts; 'inferno serve' runs an OpenAI-compatible server; "
+        "'inferno backends [--json]' lists compute backends; 'inferno bench' measures them. Everything "
+        "after '--' is the prompt, not flags: put flags before it, and use it for a prompt that is a "
+        "subcommand's name or starts with '-': inferno -n 5 -- backends",
     )
-    p.add_argument("prompt", nargs="?", default="", help="prompt text (empty: unconditional generation)")
+    p.add_argument("prompt", nargs="?", default="",
+                   help="prompt text, quoted as one argument (empty: unconditional generation)")
+    p.add_argument("-f", "--file", metavar="FILE",
+                   help="read the prompt from FILE (UTF-8; - for stdin), after PROMPT if both are given")
     _add_model_args(p)
     arg = p.add_argument
-    arg("--max-new-tokens", metavar="N", type=_non_negative, default=50, help="tokens to generate (50)")
-    arg("--temperature", metavar="T", type=_temperature, help="0 = greedy (default); higher = more random")
+    arg("-n", "--max-new-tokens", metavar="N", type=_non_negative, default=50, help="tokens to generate (50)")
+    arg("-t", "--temperature", metavar="T", type=_temperature,
+        help="0 = greedy (default); higher = more random")
     arg("--top-k", metavar="K", type=_non_negative, help="sample from the k most likely tokens (0 = off)")
     arg("--top-p", metavar="P", type=_top_p, help="nucleus sampling mass in (0, 1] (1 = off)")
-    arg("--seed", metavar="S", type=_seed, help="random seed: the same seed gives the same text")
+    arg("-s", "--seed", metavar="S", type=_seed, help="random seed: the same seed gives the same text")
     p.add_argument("--preset", choices=["greedy", "sample"],
                    help="sample = temperature 0.8 + top-k 40; explicit flags override it")
     arg("--stop", metavar="S", action="append", type=_unescape,
@@ -120,8 +133,11 @@ def _generate_parser() -> argparse.ArgumentParser:
     arg("--logprobs", metavar="N", type=_non_negative,
         help="with --json: each new token's log-probability and the N (0-20) most likely alternatives")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past <|endoftext|>")
-    p.add_argument("--show-ids", action="store_true", help="print the prompt and generated token ids")
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    p.add_argument("--show-ids", action="store_true",
+                   help="print the prompt and generated token ids on stderr (not with --json, whose "
+                   "prompt_ids and ids hold them)")
+    p.add_argument("-j", "--json", action="store_true",
+                   help="print one JSON object instead of streaming text")
     p.add_argument("--version", action="version", version=f"inferno {__version__}")
     return p
 
@@ -159,21 +175,119 @@ def _load(args: argparse.Namespace):
     return inferno.load(args.model_dir, backend)
 
 
+def _parse_generate(argv: Sequence[str]) -> argparse.Namespace:
+    """The generate flags; extra words get a hint to quote the prompt (or to move flags before '--')."""
+    parser = _generate_parser()
+    args, extra = parser.parse_known_args(argv)
+    if not extra:
+        return args
+    argv = list(argv)
+    after = argv[argv.index("--") + 1:] if "--" in argv else []
+    flags = [e for e in extra if e.startswith("-") and len(e) > 1]
+    if len(after) > 1:
+        moved = [a for a in after if a.startswith("-") and len(a) > 1]
+        words = [a for a in after if a not in moved]
+        example = " ".join(["inferno", *moved, "--", shlex.quote(" ".join(words))]) if moved and words else \
+            f"inferno -- {shlex.quote(' '.join(after))}"
+        parser.error(f"everything after '--' is the prompt, here {len(after)} words: put flags before '--' "
+                     f"and quote a prompt of several words ({example})")
+    if flags:
+        parser.error(f"unrecognized arguments: {' '.join(flags)} (a prompt that starts with '-' goes after "
+                     "'--': inferno -- \"-1 is a number\")")
+    words = [args.prompt, *extra] if args.prompt else extra
+    parser.error(f"the prompt is one argument: quote it (inferno {shlex.quote(' '.join(words))})")
+    raise AssertionError("unreachable")  # parser.error exits
+
+
+#: Seconds of silence on a stdin pipe before saying that the prompt is being read from it.
+STDIN_NOTE_AFTER_S = 1.0
+
+
+def _stdin_has_text() -> bool:
+    """Whether stdin is a pipe, a socket or a file (not a terminal, not /dev/null or another device)."""
+    try:
+        mode = os.fstat(sys.stdin.fileno()).st_mode
+    except (AttributeError, OSError, ValueError):  # closed or replaced stdin
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISREG(mode)
+
+
+def _read_stdin_prompt() -> str:
+    if sys.stdin.isatty():
+        print("inferno: reading the prompt from the terminal; end it with Ctrl-D", file=sys.stderr)
+    elif not stat.S_ISREG(os.fstat(sys.stdin.fileno()).st_mode):
+        try:
+            import select
+
+            ready = select.select([sys.stdin], [], [], STDIN_NOTE_AFTER_S)[0]
+        except (ImportError, OSError, ValueError):  # select() cannot wait on pipes everywhere (Windows)
+            ready = [True]
+        if not ready:  # an open pipe nobody writes to (ssh, a CI runner): say why nothing happens
+            print("inferno: reading the prompt from stdin (end it with Ctrl-D; '< /dev/null' skips it)",
+                  file=sys.stderr, flush=True)
+    data = sys.stdin.buffer.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        bad = f"byte 0x{data[exc.start]:02x} at offset {exc.start}"
+        raise CliError(f"stdin: not UTF-8 text ({bad})") from None
+
+
+def _prompt(args: argparse.Namespace) -> str:
+    """PROMPT, then on a new line the text of -f FILE or of piped stdin, less one trailing newline."""
+    if args.file == "-":
+        text = _read_stdin_prompt()
+    elif args.file is not None:
+        if os.path.isdir(args.file):
+            raise CliError(f"{args.file}: is a folder, not a text file")
+        text = _read_text(args.file)
+    elif _stdin_has_text():
+        text = _read_stdin_prompt()
+    else:
+        return args.prompt
+    text = text[:-2] if text.endswith("\r\n") else text[:-1] if text.endswith("\n") else text
+    return "\n".join(part for part in (args.prompt, text) if part)
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" if n == 1 else f"{n} {what}s"
+
+
+def _summary(prompt_tokens: int, new_tokens: int, first_s: float | None, rest_s: float) -> str:
+    """The stderr summary. The prompt's time is the time to the first new token (prefill and its
+    sampling); the new tokens' time is the rest, and tok/s is the rate of the tokens after the first."""
+    prompt = f"prompt {_count(prompt_tokens, 'token')}"
+    if first_s is None:  # no new token: nothing ran
+        return f"[{prompt}, 0 new tokens]"
+    prompt += f" in {first_s:.2f}s"
+    if new_tokens < 2:
+        return f"[{prompt}, {_count(new_tokens, 'new token')}]"
+    rate = (new_tokens - 1) / rest_s if rest_s > 0 else 0.0
+    return f"[{prompt}, {new_tokens} new tokens in {rest_s:.2f}s, {rate:.1f} tok/s]"
+
+
 def _run_generate(argv: Sequence[str]) -> int:
-    args = _generate_parser().parse_args(argv)
+    args = _parse_generate(argv)
     options = _options(args)
+    if args.show_ids and args.json:
+        raise CliError("--show-ids adds the ids to the streamed text; the --json output already holds them "
+                       "(prompt_ids, ids): drop one of the two")
     if options.temperature == 0 and (args.top_k or (args.top_p is not None and args.top_p < 1)):
         print("inferno: note: --top-k/--top-p only apply when sampling; add --temperature (greedy now)",
               file=sys.stderr)
+    prompt = _prompt(args)
     # Never die on a terminal or pipe that cannot encode what GPT-2 writes (cp1252, ascii).
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(errors="replace")
 
     pipe = _load(args)
-    stream = pipe.tokens(args.prompt, args.max_new_tokens, stop_at_eos=not args.ignore_eos, options=options)
+    stream = pipe.tokens(prompt, args.max_new_tokens, stop_at_eos=not args.ignore_eos, options=options)
     start = time.perf_counter()
+    first = None
     try:
         for step in stream.steps():
+            if first is None:
+                first = time.perf_counter()
             if not args.json:
                 sys.stdout.write(step.text)
                 sys.stdout.flush()
@@ -183,7 +297,8 @@ def _run_generate(argv: Sequence[str]) -> int:
             sys.stdout.flush()
         print(f"\n[interrupted after {len(stream.state.ids)} new tokens]", file=sys.stderr)
         return EXIT_INTERRUPTED
-    result = stream.result(time.perf_counter() - start)
+    end = time.perf_counter()
+    result = stream.result(end - start)
     if args.json:
         # ASCII escapes: valid and exact whatever stdout's encoding.
         print(json.dumps(result.to_dict(lambda i: pipe.tokenizer.decode([i]))))
@@ -193,7 +308,8 @@ def _run_generate(argv: Sequence[str]) -> int:
     if args.show_ids:
         print(f"prompt ids: {stream.prompt_ids}", file=sys.stderr)
         print(f"new ids:    {result.ids}", file=sys.stderr)
-    print(f"[{result.new_tokens} new tokens in {result.seconds:.2f}s, {result.tokens_per_second:.1f} tok/s]",
+    rest = end - first if first is not None else 0.0
+    print(_summary(len(stream.prompt_ids), result.new_tokens, None if first is None else first - start, rest),
           file=sys.stderr)
     return 0
 
@@ -276,8 +392,27 @@ def _run_bench(argv: Sequence[str]) -> int:
     return run_bench_cli(argv)
 
 
+#: What `inferno serve` needs beyond the core (the serve extra and what it pulls in).
+_SERVE_EXTRA = ("fastapi", "uvicorn", "sse_starlette", "prometheus_client", "starlette", "pydantic")
+
+
+def _run_serve(argv: Sequence[str]) -> int:
+    try:
+        from inferno.serve.cli import run_serve_cli
+    except ImportError as exc:
+        import importlib.util
+
+        extra_missing = (exc.name or "").split(".")[0] in _SERVE_EXTRA
+        if not (extra_missing or importlib.util.find_spec("fastapi") is None):
+            raise
+        print('inferno serve needs the serve extra: pip install "inferno[serve]"', file=sys.stderr)
+        return EXIT_USAGE
+    return run_serve_cli(argv)
+
+
 SUBCOMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "backends": _run_backends, "batch": _run_batch, "bench": _run_bench, "score": _run_score,
+    "serve": _run_serve,
 }
 
 
@@ -296,8 +431,56 @@ def _user_errors() -> tuple[type[BaseException], ...]:
             OSError)
 
 
+# Commands whose result does not go to stdout: they run with stdout closed.
+_NO_STDOUT_RESULT = ("batch", "serve")
+
+
+def _closed_streams(argv: Sequence[str]) -> int | None:
+    """`inferno ... >&-` or `2>&-`: Python sets a closed standard stream to None. Status lines then go
+    nowhere (never to stdout instead); a result with nowhere to go is an error, not a silent exit 0."""
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - for the life of the process
+    if sys.stdout is None:
+        if argv and argv[0] in _NO_STDOUT_RESULT:
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115
+            return None
+        print("inferno: error: standard output is closed: nowhere to write the result", file=sys.stderr)
+        return EXIT_USAGE
+    return None
+
+
+def _flush_stdout(report: bool = True) -> int:
+    """Write out what is buffered; a failure (disk full, closed descriptor) is one line (unless an error
+    was already reported) and exit 2, and what could not be written is dropped so that the
+    interpreter's own flush at exit stays quiet."""
+    try:
+        sys.stdout.flush()
+        return 0
+    except BrokenPipeError:
+        code = 0  # `inferno ... | head`: the reader has what it wanted
+    except OSError as exc:
+        if report:
+            print(f"inferno: error: cannot write the output: {exc.strerror or exc}", file=sys.stderr)
+        code = EXIT_USAGE
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+    return code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    closed = _closed_streams(argv)
+    if closed is not None:
+        return closed
+    code = _main(argv)
+    return _flush_stdout(report=code == 0) or code
+
+
+def _main(argv: list[str]) -> int:
     try:
         if argv and argv[0] in SUBCOMMANDS:
             return SUBCOMMANDS[argv[0]](argv[1:])
@@ -306,12 +489,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\n[interrupted]", file=sys.stderr)
         return EXIT_INTERRUPTED
     except BrokenPipeError:
+        _flush_stdout()  # drop the rest quietly
         return 0
     except _user_errors() as exc:
         # Our loaders raise these with messages that name the file, tensor, key or flag; anything else
-        # is a bug and keeps its traceback.
-        message = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
-        print(f"inferno: error: {message}", file=sys.stderr)
+        # is a bug and keeps its traceback. Missing model files take two lines: what is missing, and
+        # what to run.
+        from inferno.hub import ModelFilesMissing
+
+        lines = exc.lines if isinstance(exc, ModelFilesMissing) else (str(exc),)
+        first, *rest = ("; ".join(p.strip() for p in line.splitlines() if p.strip()) for line in lines)
+        print(f"inferno: error: {first}", *rest, sep="\n", file=sys.stderr)
         return EXIT_USAGE
 
 

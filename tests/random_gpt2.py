@@ -6,6 +6,7 @@ swapping any tensor changes the logits.
 
 * :func:`small_config` - a small :class:`Gpt2Config` (every size can be overridden).
 * :func:`random_state_dict` - ``{canonical name: float32 array}`` in the Hub's key layout.
+* :func:`spread_state_dict` - the same with the logits spread as real weights' are (for sampling tests).
 * :func:`write_hub_safetensors` - the file as the Hub ships ``openai-community/gpt2``: no prefix,
   ``h.{i}.attn.bias`` mask buffers ``[1, 1, P, P]`` (optionally ``h.{i}.attn.masked_bias``),
   no ``lm_head.weight``.
@@ -60,11 +61,19 @@ def small_config(
     )
 
 
-def random_state_dict(config: Gpt2Config, seed: int = 0) -> dict[str, np.ndarray]:
+def random_state_dict(
+    config: Gpt2Config, seed: int = 0, *, logit_std: float | None = None
+) -> dict[str, np.ndarray]:
     """Random float32 parameters keyed by canonical Hub names (no prefix, no lm_head, no mask buffers).
 
     Matrices are scaled by 1/sqrt(fan_in) so activations stay O(1) through the layers; gains are
     1 + noise and biases are noise, so each one visibly matters.
+
+    ``logit_std`` (opt-in; e.g. ``inferno.bench.RANDOM_LOGIT_STD``) rescales ``wte`` and ``ln_f``
+    afterwards (`inferno.bench.spread_logits`) so that the logits spread by about that much and the
+    current token does not dominate them: at wide shapes the default weights give logits so far apart
+    that sampling returns the greedy tokens. The default (None) result, which the committed goldens are
+    made from, stays exactly as drawn.
     """
     rng = np.random.default_rng(seed)
     V, P, C = config.vocab_size, config.n_positions, config.n_embd
@@ -95,7 +104,19 @@ def random_state_dict(config: Gpt2Config, seed: int = 0) -> dict[str, np.ndarray
         sd[h + "mlp.c_proj.bias"] = normal((C,), 0.2)
     sd["ln_f.weight"] = gain(C)
     sd["ln_f.bias"] = normal((C,), 0.2)
+    if logit_std is not None:
+        from inferno.bench import spread_logits
+
+        spread_logits(sd, logit_std)
     return sd
+
+
+def spread_state_dict(config: Gpt2Config, seed: int = 0) -> dict[str, np.ndarray]:
+    """`random_state_dict` with logits spread as real weights' are (`inferno.bench.RANDOM_LOGIT_STD`), for
+    tests that sample: temperature 0.8 then visibly differs from greedy at any width."""
+    from inferno.bench import RANDOM_LOGIT_STD
+
+    return random_state_dict(config, seed, logit_std=RANDOM_LOGIT_STD)
 
 
 # ------------------------------------------------------------------------------------ dtype helpers

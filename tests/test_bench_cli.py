@@ -98,7 +98,9 @@ def test_json_report(capsys, model_dir):
 def test_a_failing_backend_is_reported_and_the_others_still_run(capsys, registered, model_dir):
     code, out, err = bench(capsys, "--model-dir", str(model_dir), "--backends", "broken-bench-test", *FAST)
     assert code == 1
-    assert "broken-bench-test failed: FloatingPointError: the LM head broke" in out
+    # The model names the backend and the kernel that raised (inferno.model's guard).
+    assert ("broken-bench-test failed: BackendError: backend 'broken-bench-test': lm_head raised "
+            "FloatingPointError: the LM head broke") in out
     assert any(line.startswith("numpy ") and line.endswith("1.00x") for line in out.splitlines())
 
 

@@ -17,7 +17,8 @@ from random_gpt2 import random_state_dict, small_config
 
 import inferno
 
-STATS = re.compile(r"^\[\d+ new tokens in \d+\.\d\ds, \d+\.\d tok/s\]$")
+#: The summary line: the prompt's time is the time to the first new token, the new tokens' the rest.
+STATS = re.compile(r"^\[prompt \d+ tokens? in \d+\.\d\ds, \d+ new tokens in \d+\.\d\ds, \d+\.\d tok/s\]$")
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +43,9 @@ def env(tmp_path) -> dict[str, str]:
 
 def run(args: list[str], env: dict[str, str], cwd: Path | None = None) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "inferno", *args]
-    return subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd, timeout=120)
+    # stdin is /dev/null: a piped stdin would be read as more prompt text.
+    return subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd, timeout=120,
+                          stdin=subprocess.DEVNULL)
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
@@ -144,10 +147,21 @@ def test_bad_flags(model_dir, env, flags, needles):
     assert_one_line_error(run(["Hi", "--model-dir", str(model_dir), *flags], env), *needles)
 
 
+def assert_missing_files_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
+    """Missing model files: two lines, what is missing and what to run (tests/test_cli_firstrun.py)."""
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("inferno: error: GPT-2 model file(s) missing"), proc.stderr
+    for needle in needles:
+        assert needle in lines[0], f"{needle!r} not in {lines[0]!r}"
+
+
 def test_missing_weights_offline(tmp_path, env):
     # No --model-dir, no ./gpt2, an empty HF cache and no network: say what is missing and how to get it.
     proc = run(["Hi"], env, cwd=tmp_path)
-    assert_one_line_error(proc, "model.safetensors", "hf download")
+    assert_missing_files_error(proc, "model.safetensors")
+    assert "hf download" in proc.stderr or "copy them into gpt2" in proc.stderr
 
 
 def test_missing_file_in_model_dir(model_dir, tmp_path, env):
@@ -155,7 +169,7 @@ def test_missing_file_in_model_dir(model_dir, tmp_path, env):
     d.mkdir()
     for name in ("config.json", "model.safetensors"):
         (d / name).write_bytes((model_dir / name).read_bytes())
-    assert_one_line_error(run(["Hi", "--model-dir", str(d)], env), "tokenizer.json")
+    assert_missing_files_error(run(["Hi", "--model-dir", str(d)], env), "tokenizer.json")
 
 
 def _copy_model(model_dir: Path, dest: Path) -> Path:
@@ -206,7 +220,7 @@ def test_ctrl_c_stops_cleanly(tmp_path, env):
     proc = subprocess.Popen(
         [sys.executable, "-m", "inferno", "Hi", "--model-dir", str(model_dir), "--max-new-tokens", "1000",
          "--ignore-eos"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )
     try:
         proc.stdout.read(1)  # generation has started
@@ -227,11 +241,11 @@ def test_stdout_that_cannot_encode_the_text(model_dir, env, pipe):
     args = ["Hi", "--model-dir", str(model_dir), "--max-new-tokens", "24", "--temperature", "1",
             "--seed", str(seed), "--ignore-eos"]
     proc = subprocess.run([sys.executable, "-m", "inferno", *args], capture_output=True,
-                          env=dict(env, PYTHONIOENCODING="ascii"), timeout=120)
+                          env=dict(env, PYTHONIOENCODING="ascii"), timeout=120, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == (text + "\n").encode("ascii", "replace")
     proc = subprocess.run([sys.executable, "-m", "inferno", *args, "--json"], capture_output=True,
-                          env=dict(env, PYTHONIOENCODING="ascii"), timeout=120)
+                          env=dict(env, PYTHONIOENCODING="ascii"), timeout=120, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["text"] == text
 

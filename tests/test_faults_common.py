@@ -29,7 +29,8 @@ def cli_env(tmp_path: Path, **extra: str) -> dict[str, str]:
 def run_cli(args: list[str], env: dict[str, str], cwd: Path | None = None, python_flags: tuple = (),
             timeout: float = TIME_BOUND_S) -> subprocess.CompletedProcess:
     command = [sys.executable, *python_flags, "-m", "inferno", *args]
-    return subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
+    return subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> str:

@@ -77,6 +77,6 @@ def run_python(tmp_path):
 
     def run(args: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, *args], cwd=tmp_path, env=env, capture_output=True, text=True,
-                              timeout=timeout)
+                              stdin=subprocess.DEVNULL, timeout=timeout)
 
     return run
