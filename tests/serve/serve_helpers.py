@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 #: How the tests start a server (the flags follow). Once `inferno serve` is wired into inferno/cli.py,
 #: this can be ``[sys.executable, "-m", "inferno", "serve"]``.
-SERVE = [sys.executable, "-m", "inferno.serve.cli"]
+SERVE = [sys.executable, "-m", "inferno", "serve"]
 
 STARTUP_TIMEOUT = 60.0  # seconds for /health to answer 200 (imports + loading a tiny model: ~2 s)
 
