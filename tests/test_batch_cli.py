@@ -17,6 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from cli_helpers import assert_one_line_error, offline_env
 from goldens import golden_model, write_model_dir
 
 import inferno
@@ -53,11 +54,7 @@ def pipe(model_dir):
 
 @pytest.fixture
 def env(tmp_path) -> dict[str, str]:
-    # No network, no real Hugging Face cache: the tests see only what they build.
-    env = dict(os.environ, INFERNO_OFFLINE="1", HF_HOME=str(tmp_path / "hf"), PYTHONUNBUFFERED="1")
-    env.pop("INFERNO_BACKEND", None)
-    env.pop("HF_HUB_CACHE", None)
-    return env
+    return offline_env(tmp_path)
 
 
 def write_jsonl(path: Path, rows: list) -> Path:
@@ -83,15 +80,6 @@ def stats(proc: subprocess.CompletedProcess) -> tuple[int, int, int]:
     match = STATS.match(proc.stderr.strip().splitlines()[-1])
     assert match, proc.stderr
     return tuple(int(g) for g in match.groups())
-
-
-def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
-    assert proc.returncode == 2, (proc.returncode, proc.stderr)
-    assert "Traceback" not in proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    for needle in needles:
-        assert needle in lines[0], f"{needle!r} not in {lines[0]!r}"
 
 
 # ------------------------------------------------------------------------------------- the outputs

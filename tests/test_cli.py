@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -12,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_helpers import assert_one_line_error, offline_env
 from goldens import golden_model, write_model_dir
 from random_gpt2 import random_state_dict, small_config
 
@@ -34,11 +34,7 @@ def pipe(model_dir):
 
 @pytest.fixture
 def env(tmp_path) -> dict[str, str]:
-    # No network, no real Hugging Face cache: the tests see only what they build.
-    env = dict(os.environ, INFERNO_OFFLINE="1", HF_HOME=str(tmp_path / "hf"), PYTHONUNBUFFERED="1")
-    env.pop("INFERNO_BACKEND", None)
-    env.pop("HF_HUB_CACHE", None)
-    return env
+    return offline_env(tmp_path)
 
 
 def run(args: list[str], env: dict[str, str], cwd: Path | None = None) -> subprocess.CompletedProcess:
@@ -46,15 +42,6 @@ def run(args: list[str], env: dict[str, str], cwd: Path | None = None) -> subpro
     # stdin is /dev/null: a piped stdin would be read as more prompt text.
     return subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd, timeout=120,
                           stdin=subprocess.DEVNULL)
-
-
-def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
-    assert proc.returncode == 2, (proc.returncode, proc.stderr)
-    assert "Traceback" not in proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    for needle in needles:
-        assert needle in lines[0], f"{needle!r} not in {lines[0]!r}"
 
 
 def test_streams_text_and_stats(model_dir, env, pipe):

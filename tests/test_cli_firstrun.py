@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import http.server
 import json
-import os
 import re
 import shlex
 import subprocess
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_helpers import offline_env
 from goldens import TOKENIZER_JSON, golden_model, write_model_dir
 from random_gpt2 import random_state_dict, small_config, spread_state_dict
 
@@ -44,10 +44,7 @@ def pipe(model_dir):
 
 @pytest.fixture
 def env(tmp_path) -> dict[str, str]:
-    env = dict(os.environ, INFERNO_OFFLINE="1", HF_HOME=str(tmp_path / "hf"), PYTHONUNBUFFERED="1")
-    for var in ("INFERNO_BACKEND", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "HUGGINGFACE_HUB_CACHE"):
-        env.pop(var, None)
-    return env
+    return offline_env(tmp_path)
 
 
 def run(args: list[str], env: dict[str, str], *, stdin: bytes | None = None, cwd: Path | None = None,

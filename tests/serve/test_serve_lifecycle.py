@@ -12,6 +12,7 @@ import time
 
 import httpx
 import pytest
+from cli_helpers import assert_one_line_error
 from serve_helpers import finished, launch, running, serve_command, server_env
 
 openai = pytest.importorskip("openai")
@@ -20,15 +21,6 @@ openai = pytest.importorskip("openai")
 def run_cli(*flags: str, home, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run(serve_command(*flags), capture_output=True, text=True, env=server_env(home),
                           timeout=timeout)
-
-
-def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
-    assert proc.returncode == 2, (proc.returncode, proc.stderr)
-    assert "Traceback" not in proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    for needle in needles:
-        assert needle in lines[0], f"{needle!r} not in {lines[0]!r}"
 
 
 @pytest.mark.parametrize("flags, needle", [
