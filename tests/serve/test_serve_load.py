@@ -12,8 +12,9 @@ import httpx
 import pytest
 from serve_helpers import astream, finished, running
 
-LOAD_SECONDS = 20.0
-LOAD_CLIENTS = 16
+# The load: 32 concurrent streaming clients (twice the slots, so half of them queue) for 60 s.
+LOAD_SECONDS = 60.0
+LOAD_CLIENTS = 32
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +24,7 @@ def server(long_model_dir, tmp_path_factory):
 
 
 def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, timeout=120))
+    return asyncio.run(asyncio.wait_for(coro, timeout=LOAD_SECONDS + 90))
 
 
 def client(server, timeout: float = 60) -> httpx.AsyncClient:
