@@ -2,7 +2,7 @@
 
 One decode step of one sequence, in the order the options apply:
 
-    raw logits (float32 row) ──▶ logprobs: log-softmax of the raw logits, in float64 (if asked)
+    raw logits (float32 row) ──▶ logprobs: logit - logsumexp of the raw row, in float64 (if asked)
                └─▶ repetition penalty ─▶ presence/frequency penalties ─▶ logit bias     (`LogitsProcessor`)
                    ─▶ temperature ─▶ top-k ─▶ top-p ─▶ draw, or argmax when greedy    (`Sampler`)
                    ─▶ id ─▶ stop ids ─▶ text ─▶ stop strings                          (`StopStrings`)
@@ -224,45 +224,32 @@ class TokenLogprob:
         return {**entry(self.id, self.logprob), "top": [entry(i, lp) for i, lp in self.top]}
 
 
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    """log-softmax over the last axis, in float64."""
-    z = np.asarray(logits, dtype=np.float64)
-    m = z.max(axis=-1, keepdims=True)
-    return z - (m + np.log(np.exp(z - m).sum(axis=-1, keepdims=True)))
+def logsumexp(logits: np.ndarray) -> np.ndarray:
+    """log(sum(exp(logits))) over the last axis, in float64: one temporary the size of the input (a
+    float scalar for one row). A row's log-probabilities are ``float64(logit) - logsumexp``."""
+    m = np.max(logits, axis=-1, keepdims=True).astype(np.float64)
+    z = np.asarray(logits, dtype=np.float64) - m
+    np.exp(z, out=z)
+    return m[..., 0] + np.log(z.sum(axis=-1))
 
 
-def top_logprobs(logprobs: np.ndarray, n: int) -> list[tuple[int, float]]:
-    """The n most likely (id, logprob) of one row, most likely first, ties broken by id."""
+def top_logprobs(logits: np.ndarray, n: int, lse: float) -> list[tuple[int, float]]:
+    """The n most likely (id, logprob) of one row of logits whose logsumexp is `lse`, most likely first,
+    ties broken by id (float32 → float64 keeps the order, so the cut is made on the row as it is)."""
     if n <= 0:
         return []
-    n = min(n, logprobs.shape[-1])
-    ids = np.argpartition(-logprobs, n - 1)[:n] if n < logprobs.shape[-1] else np.arange(n)
-    ids = ids[np.lexsort((ids, -logprobs[ids]))]
-    return [(int(i), float(logprobs[i])) for i in ids]
-
-
-def logsumexp(row: np.ndarray) -> float:
-    """log(sum(exp(row))) of one row, in float64 (one temporary the size of the row)."""
-    m = float(row.max())
-    z = np.asarray(row, dtype=np.float64) - m
-    np.exp(z, out=z)
-    return m + math.log(z.sum())
+    n = min(n, logits.shape[-1])
+    ids = np.argpartition(-logits, n - 1)[:n] if n < logits.shape[-1] else np.arange(n)
+    ids = ids[np.lexsort((ids, -logits[ids]))]
+    return [(int(i), float(np.float64(logits[i]) - lse)) for i in ids]
 
 
 def token_logprob(logits: np.ndarray, token: int, n: int) -> TokenLogprob:
-    """`token`'s log-probability under the raw `logits` row and the n most likely alternatives.
-
-    The same as indexing `log_softmax(logits)`, without building the whole float64 row: every value is
-    ``float64(logit) - logsumexp``, so a token's logprob and its entry among the top are the same float.
-    """
-    lse = logsumexp(logits)
-    top = []
-    if n > 0:
-        n = min(n, logits.shape[-1])
-        ids = np.argpartition(-logits, n - 1)[:n] if n < logits.shape[-1] else np.arange(n)
-        ids = ids[np.lexsort((ids, -logits[ids]))]  # float32 → float64 keeps the order
-        top = [(int(i), float(np.float64(logits[i]) - lse)) for i in ids]
-    return TokenLogprob(int(token), float(np.float64(logits[token]) - lse), top)
+    """`token`'s log-probability under the raw `logits` row and the n most likely alternatives: every
+    value is ``float64(logit) - logsumexp``, so a token's logprob and its entry among the top are the
+    same float."""
+    lse = float(logsumexp(logits))
+    return TokenLogprob(int(token), float(np.float64(logits[token]) - lse), top_logprobs(logits, n, lse))
 
 
 class StopStrings:

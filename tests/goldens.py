@@ -47,3 +47,11 @@ def write_model_dir(directory: Path, config: Gpt2Config, sd: dict[str, np.ndarra
     write_hub_safetensors(directory / "model.safetensors", sd, config)
     shutil.copy(TOKENIZER_JSON, directory / "tokenizer.json")
     return directory
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """The reference log-softmax over the last axis, in float64 (written out here, independently of
+    inferno.options)."""
+    z = np.asarray(logits, dtype=np.float64)
+    z = z - z.max(axis=-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))

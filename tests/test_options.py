@@ -9,7 +9,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from goldens import TOKENIZER_JSON, golden_model, write_model_dir
+from goldens import TOKENIZER_JSON, golden_model, log_softmax, write_model_dir
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -20,7 +20,6 @@ from inferno.options import (
     OptionError,
     SequenceState,
     StopStrings,
-    log_softmax,
 )
 from inferno.sampling import Sampler, SamplingParams
 from inferno.tokenizer import Tokenizer

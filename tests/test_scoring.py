@@ -7,14 +7,13 @@ import math
 
 import numpy as np
 import pytest
-from goldens import GOLDEN, TOKENIZER_JSON, golden_model, write_model_dir
+from goldens import GOLDEN, TOKENIZER_JSON, golden_model, log_softmax, write_model_dir
 from random_gpt2 import random_state_dict, small_config
 
 import inferno
 from inferno.api import Pipeline
 from inferno.backends.numpy_backend import NumpyBackend
 from inferno.model import Gpt2
-from inferno.options import log_softmax
 from inferno.scoring import ScoringError, score_ids, windows
 from inferno.tokenizer import Tokenizer
 
