@@ -87,12 +87,17 @@ class Pipeline:
         top_p=1.0, seed=None, stop=(), stop_ids=(), repetition_penalty=1.0, presence_penalty=0.0,
         frequency_penalty=0.0, logit_bias={}, logprobs=None.
         """
+        options, stop = self._options(options, option_kwargs, stop_at_eos)
+        return generate_tokens(self.model, self.encode(prompt), max_new_tokens, options, stop,
+                               self.sample_limit, self.tokenizer.incremental_decoder())
+
+    def _options(self, options: GenerationOptions | None, option_kwargs: dict,
+                 stop_at_eos: bool) -> tuple[GenerationOptions, tuple[int, ...]]:
+        """The options given as an object or as keywords (not both), and the stop ids stop_at_eos adds."""
         if options is not None and option_kwargs:
             raise OptionError(sorted(option_kwargs)[0], "cannot be given together with options=")
         options = options or GenerationOptions.from_kwargs(**option_kwargs)
-        stop = (self.config.eos_token_id,) if stop_at_eos else ()
-        return generate_tokens(self.model, self.encode(prompt), max_new_tokens, options, stop,
-                               self.sample_limit, self.tokenizer.incremental_decoder())
+        return options, ((self.config.eos_token_id,) if stop_at_eos else ())
 
     def stream(self, prompt: str | Sequence[int], **kwargs) -> Iterator[str]:
         """Yield text pieces as tokens arrive (same arguments as `generate`); they join to its text.
@@ -127,10 +132,7 @@ class Pipeline:
                stop_at_eos: bool = True, options: GenerationOptions | None = None, block: bool = False,
                **option_kwargs) -> Handle:
         """Submit one prompt to `engine` with the same arguments as `generate`; returns its `Handle`."""
-        if options is not None and option_kwargs:
-            raise OptionError(sorted(option_kwargs)[0], "cannot be given together with options=")
-        options = options or GenerationOptions.from_kwargs(**option_kwargs)
-        stop = (self.config.eos_token_id,) if stop_at_eos else ()
+        options, stop = self._options(options, option_kwargs, stop_at_eos)
         return engine.submit(self.encode(prompt), max_new_tokens, options, stop_ids=stop, block=block)
 
     def generate_batch(

@@ -239,14 +239,13 @@ def parse_requests(data: bytes, default_max_new_tokens: int,
 def check_request(pipe: Any, req: Request) -> None:
     """Check a request against the loaded model (prompt ids, context length, option token ids) and
     record its prompt ids; raises `LineError`."""
-    from inferno.generate import GenerationError, check_ids
+    from inferno import generate
     from inferno.options import OptionError
 
-    try:
-        ids = pipe.encode(req.prompt)
-        req.prompt_ids = check_ids(ids, pipe.config)
-        req.options.check_vocab(pipe.sample_limit)
-    except (GenerationError, OptionError) as exc:
+    try:  # the very checks the engine makes at submission
+        req.prompt_ids = generate.check_request(pipe.config, pipe.encode(req.prompt), req.max_new_tokens,
+                                                [req.options], pipe.sample_limit)
+    except (generate.GenerationError, OptionError) as exc:
         raise LineError(str(exc)) from None
 
 

@@ -29,7 +29,7 @@ from numbers import Integral
 
 import numpy as np
 
-from inferno.generate import GenerationError, GenerationResult, check_ids
+from inferno.generate import GenerationResult, check_request, new_token_budget
 from inferno.model import Gpt2, KvSlots
 from inferno.options import GenerationOptions, SequenceState, Step, TextDecoder
 
@@ -276,18 +276,15 @@ class Engine:
         """Several sequences of one prompt (an OpenAI request with n > 1), one per entry of `options`:
         the prompt is prefilled once and its KV cache copied to the others, which then sample their own
         continuations. They are admitted together, so there must be as many slots."""
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, Integral) or max_new_tokens < 0:
-            raise GenerationError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
         if not 1 <= len(options) <= self.slots.n_slots:
             raise EngineError(f"{len(options)} sequences of one prompt need as many KV slots; the engine "
                               f"has {self.slots.n_slots}")
-        prompt = check_ids(prompt_ids, self.model.config)
+        config = self.model.config
+        prompt = check_request(config, prompt_ids, max_new_tokens, options, self.sample_limit)
+        budget = new_token_budget(config, len(prompt), max_new_tokens)
         stop_ids = tuple(stop_ids)
-        limit = self.model.config.vocab_size if self.sample_limit is None else self.sample_limit
-        budget = min(int(max_new_tokens), self.model.config.n_positions - len(prompt))
         seqs = []
         for o in options:
-            o.check_vocab(limit)
             state = SequenceState(o, prompt, self.decoder() if self.decoder is not None else None, stop_ids)
             seqs.append(_Sequence(Handle(self, next(self._ids), prompt, state), prompt, budget))
         handles = [q.handle for q in seqs]

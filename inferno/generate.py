@@ -94,10 +94,8 @@ class TokenStream:
 
     def steps(self) -> Iterator[Step]:
         """Each new token as a `Step`; the last one carries the finish reason and any held-back text."""
-        n_pos = self.model.config.n_positions
         prompt = self.prompt_ids
-        # The sequence (prompt + new tokens) may not exceed the context window.
-        budget = min(int(self.max_new_tokens), n_pos - len(prompt))
+        budget = new_token_budget(self.model.config, len(prompt), self.max_new_tokens)
         if budget <= 0:
             self.state.finish("length")
             return
@@ -181,6 +179,25 @@ def check_ids(ids: Sequence[int], config: Gpt2Config) -> list[int]:
     return ids
 
 
+def check_request(config: Gpt2Config, prompt_ids: Sequence[int], max_new_tokens: int,
+                  options: Iterable[GenerationOptions], sample_limit: int | None = None) -> list[int]:
+    """Everything about one request that can be checked before it runs: the budget, the prompt (see
+    `check_ids`) and the token ids the options name (against `sample_limit`, else the vocabulary).
+    Returns the prompt as a list of ints; raises `GenerationError` or `OptionError`. The batch-1 loop,
+    the engine and `inferno batch` all check requests through it."""
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, Integral) or max_new_tokens < 0:
+        raise GenerationError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+    prompt = check_ids(prompt_ids, config)
+    for o in options:
+        o.check_vocab(config.vocab_size if sample_limit is None else sample_limit)
+    return prompt
+
+
+def new_token_budget(config: Gpt2Config, prompt_len: int, max_new_tokens: int) -> int:
+    """How many new tokens a prompt may still get: `max_new_tokens`, bounded by the context window."""
+    return min(int(max_new_tokens), config.n_positions - prompt_len)
+
+
 def generate_tokens(
     model: Gpt2,
     prompt_ids: Sequence[int],
@@ -192,12 +209,9 @@ def generate_tokens(
 ) -> TokenStream:
     """Stream new token ids for one prompt (batch 1). Validates the prompt, the budget and the options'
     token ids first. `stop_ids` end the stream in addition to the options' own."""
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, Integral) or max_new_tokens < 0:
-        raise GenerationError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
-    prompt = check_ids(prompt_ids, model.config)
     if isinstance(options, SamplingParams):
         p = options
         options = GenerationOptions(temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, seed=p.seed)
     options = options or GenerationOptions()
-    options.check_vocab(model.config.vocab_size if sample_limit is None else sample_limit)
+    prompt = check_request(model.config, prompt_ids, max_new_tokens, [options], sample_limit)
     return TokenStream(model, prompt, max_new_tokens, options, frozenset(stop_ids), sample_limit, decoder)
