@@ -5,7 +5,9 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
+from goldens import golden_model, write_model_dir
 
+import inferno
 from inferno.backends.registry import get_backend, list_backends
 
 
@@ -26,3 +28,18 @@ def backend(request):
     be = get_backend(request.param)
     yield be
     be.close()
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory):
+    """The 'greedy' golden model (GPT-2's vocabulary, 2 layers, n_positions 128) with the real
+    tokenizer.json, written once for every test that only reads it (a test that breaks a model folder
+    copies it first)."""
+    config, sd, _ = golden_model("greedy")
+    return write_model_dir(tmp_path_factory.mktemp("greedy-model"), config, sd)
+
+
+@pytest.fixture(scope="session")
+def pipe(model_dir):
+    """That model loaded on the numpy backend."""
+    return inferno.load(model_dir, "numpy", download=False)

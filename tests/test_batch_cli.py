@@ -18,9 +18,7 @@ from pathlib import Path
 
 import pytest
 from cli_helpers import assert_one_line_error, offline_env
-from goldens import golden_model, write_model_dir
 
-import inferno
 from inferno.backends import registry
 from inferno.backends.numpy_backend import NumpyBackend
 from inferno.batch import _Progress, parse_requests, run_batch_cli
@@ -39,17 +37,6 @@ def run_batch(args: list[str], env: dict[str, str], *, cwd: Path | None = None,
               input: str | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([*BATCH, *args], capture_output=True, text=True, env=env, cwd=cwd, input=input,
                           timeout=120)
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    config, sd, _ = golden_model("greedy")  # n_positions 128
-    return write_model_dir(tmp_path_factory.mktemp("batch-model"), config, sd)
-
-
-@pytest.fixture(scope="module")
-def pipe(model_dir):
-    return inferno.load(model_dir, "numpy", download=False)
 
 
 @pytest.fixture

@@ -12,24 +12,11 @@ from pathlib import Path
 
 import pytest
 from cli_helpers import assert_one_line_error, offline_env
-from goldens import golden_model, write_model_dir
+from goldens import write_model_dir
 from random_gpt2 import random_state_dict, small_config
-
-import inferno
 
 #: The summary line: the prompt's time is the time to the first new token, the new tokens' the rest.
 STATS = re.compile(r"^\[prompt \d+ tokens? in \d+\.\d\ds, \d+ new tokens in \d+\.\d\ds, \d+\.\d tok/s\]$")
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    config, sd, _ = golden_model("greedy")
-    return write_model_dir(tmp_path_factory.mktemp("cli-model"), config, sd)
-
-
-@pytest.fixture(scope="module")
-def pipe(model_dir):
-    return inferno.load(model_dir, "numpy", download=False)
 
 
 @pytest.fixture

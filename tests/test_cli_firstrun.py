@@ -31,17 +31,6 @@ ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    config, sd, _ = golden_model("greedy")
-    return write_model_dir(tmp_path_factory.mktemp("firstrun-model"), config, sd)
-
-
-@pytest.fixture(scope="module")
-def pipe(model_dir):
-    return inferno.load(model_dir, "numpy", download=False)
-
-
 @pytest.fixture
 def env(tmp_path) -> dict[str, str]:
     return offline_env(tmp_path)

@@ -16,17 +16,6 @@ import inferno
 from inferno.generate import PromptTypeError, check_ids
 from inferno.tokenizer import Tokenizer, TokenizerError, bytes_to_unicode
 
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    return model_folder(tmp_path_factory.mktemp("faults-api-model"))
-
-
-@pytest.fixture(scope="module")
-def pipe(model_dir):
-    return inferno.load(model_dir, "numpy", download=False)
-
-
 # ------------------------------------------------------------------- item 13: tokenizer.json
 
 

@@ -16,7 +16,6 @@ from test_faults_common import (
     assert_one_line_error,
     cli_env,
     fake_distribution,
-    model_folder,
     run_cli,
     with_path,
 )
@@ -29,11 +28,6 @@ from inferno.backends.threaded import MAX_THREADS, ThreadedBackend
 from inferno.model import Gpt2, NonFiniteLogitsError
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    return model_folder(tmp_path_factory.mktemp("faults-backends-model"))
 
 
 @pytest.fixture(scope="module")

@@ -11,18 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 from random_gpt2 import random_state_dict, small_config, write_hub_safetensors, write_safetensors_raw
-from test_faults_common import assert_one_line_error, cli_env, copy_model, model_folder, run_cli
+from test_faults_common import assert_one_line_error, cli_env, copy_model, run_cli
 
 import inferno
 import inferno.weights as weights_module
 from inferno.config import ConfigError, Gpt2Config
 from inferno.tokenizer import Tokenizer, TokenizerError
 from inferno.weights import WeightsError, WeightsMemoryError, load_weights
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    return model_folder(tmp_path_factory.mktemp("faults-files-model"))
 
 
 def generate(d: Path, tmp_path: Path, *flags: str):

@@ -30,13 +30,6 @@ def tok() -> Tokenizer:
     return Tokenizer.from_file(TOKENIZER_JSON)
 
 
-@pytest.fixture(scope="module")
-def pipe(tmp_path_factory):
-    config, sd, _ = golden_model("greedy")  # the real vocabulary, so text round-trips
-    return inferno.load(write_model_dir(tmp_path_factory.mktemp("options-model"), config, sd), "numpy",
-                        download=False)
-
-
 # --- validation -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize(
