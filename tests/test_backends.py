@@ -13,6 +13,7 @@ from pathlib import Path
 import array_api_strict
 import numpy as np
 import pytest
+from backend_helpers import conformance_failures
 
 from inferno.backends.array_api import ArrayApiBackend
 from inferno.backends.numpy_backend import NumpyBackend
@@ -120,13 +121,7 @@ BROKEN = [
 @pytest.mark.parametrize("cls, must_fail, allowed", BROKEN, ids=[b[0].__name__ for b in BROKEN])
 def test_broken_backend_fails_naming_the_kernel(cls, must_fail, allowed):
     # Every kernel check (the unrelated ones must pass), and the larger checks built on the broken kernel.
-    checks = all_checks(["kernel"]) + all_checks(["composition", "cache", "model"], kernels=allowed)
-    failures = {}
-    for check in checks:
-        try:
-            check(cls())
-        except ConformanceError as exc:
-            failures[check.id] = exc
+    failures, checks = conformance_failures(cls, allowed)
     assert must_fail in failures, f"{cls.__name__} passed {must_fail}"
     exc = failures[must_fail]
     kernel, case = must_fail.split("-", 1)

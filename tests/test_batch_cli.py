@@ -17,9 +17,9 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from backend_helpers import registered
 from cli_helpers import assert_one_line_error, offline_env
 
-from inferno.backends import registry
 from inferno.backends.numpy_backend import NumpyBackend
 from inferno.batch import _Progress, parse_requests, run_batch_cli
 
@@ -343,10 +343,8 @@ class BrokenBackend(NumpyBackend):
 
 @pytest.fixture
 def broken_backend():
-    reg = registry._get()
-    reg._add(BrokenBackend, registry.BUILT_IN, registry._inferno_version(), BrokenBackend.__module__)
-    yield BrokenBackend.name
-    registry._reset()
+    with registered(BrokenBackend) as name:
+        yield name
 
 
 def test_requests_the_engine_fails_are_reported_and_not_written(model_dir, tmp_path, capsys, broken_backend):

@@ -9,10 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import backend_helpers
 import pytest
 from random_gpt2 import random_state_dict, small_config, write_config, write_hub_safetensors
 
-from inferno.backends import registry
 from inferno.backends.numpy_backend import NumpyBackend
 from inferno.bench import GPT2_124M, random_weights, run_bench_cli, split_specs, weights_in_layout
 
@@ -31,10 +31,8 @@ class BrokenBackend(NumpyBackend):
 @pytest.fixture
 def registered():
     """A backend that fails in the LM head, in this process's registry for the test."""
-    reg = registry._get()
-    reg._add(BrokenBackend, registry.BUILT_IN, registry._inferno_version(), BrokenBackend.__module__)
-    yield
-    registry._reset()
+    with backend_helpers.registered(BrokenBackend):
+        yield
 
 
 @pytest.fixture(scope="module")
