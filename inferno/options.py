@@ -42,12 +42,7 @@ MAX_ABS_BIAS = 100.0
 
 
 class OptionError(SamplingError):
-    """A generation option is invalid; `field` names it (as the API spells it) and the message says why."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field} {message}")
-        self.field = field
-        self.reason = message
+    """A generation option is invalid; `field` names it (as the API spells it), `reason` says why."""
 
 
 def _number(name: str, value, lo: float | None = None, hi: float | None = None, *,
@@ -95,8 +90,7 @@ class GenerationOptions:
         try:
             set_(self, "sampling", SamplingParams(self.temperature, self.top_k, self.top_p, self.seed))
         except SamplingError as exc:
-            name = str(exc).split(" ", 1)[0]
-            raise OptionError(name, str(exc).split(" ", 1)[1]) from None
+            raise OptionError(exc.field, exc.reason) from None
 
         stop = self.stop
         if stop is None:

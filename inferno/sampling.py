@@ -16,7 +16,12 @@ PRESETS: dict[str, dict[str, float | int]] = {
 
 
 class SamplingError(ValueError):
-    """A sampling parameter is out of range; the message names it."""
+    """A sampling parameter is out of range: `field` names it, `reason` says why; the message is both."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field} {reason}")
+        self.field = field
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -31,14 +36,14 @@ class SamplingParams:
     def __post_init__(self) -> None:
         t, k, p = self.temperature, self.top_k, self.top_p
         if isinstance(t, bool) or not isinstance(t, Real) or not math.isfinite(t) or t < 0:
-            raise SamplingError(f"temperature must be a finite number >= 0, got {t!r}")
+            raise SamplingError("temperature", f"must be a finite number >= 0, got {t!r}")
         if isinstance(k, bool) or not isinstance(k, Integral) or k < 0:
-            raise SamplingError(f"top_k must be an integer >= 0 (0 = off), got {k!r}")
+            raise SamplingError("top_k", f"must be an integer >= 0 (0 = off), got {k!r}")
         if isinstance(p, bool) or not isinstance(p, Real) or not (0.0 < p <= 1.0):
-            raise SamplingError(f"top_p must be in (0, 1], got {p!r}")
+            raise SamplingError("top_p", f"must be in (0, 1], got {p!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, Integral)
                                       or self.seed < 0):
-            raise SamplingError(f"seed must be an integer >= 0, got {self.seed!r}")
+            raise SamplingError("seed", f"must be an integer >= 0, got {self.seed!r}")
 
     @property
     def greedy(self) -> bool:
