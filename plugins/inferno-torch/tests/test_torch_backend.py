@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import inferno
 import numpy as np
 import pytest
@@ -78,7 +80,7 @@ def test_python_api_takes_torch_objects():
     ("torch:threads=0", "option threads=0 must be an integer >= 1 or 'auto'"),
     ("torch:threads=two", "option threads='two'"),
     ("torch:threads=1.5", "option threads=1.5"),
-    ("torch:devcie=cpu", "'devcie' (its options: device, dtype, threads)"),  # the registry's check
+    ("torch:devcie=cpu", "'devcie' (its options: device, dtype, threads, onednn)"),  # the registry's check
 ])
 def test_bad_options_name_the_option(spec, needle):
     with pytest.raises(ValueError, match="backend 'torch'") as info:  # the registry's BackendOptionError
@@ -182,3 +184,57 @@ def test_greedy_ids_match_numpy(model_dir, numpy_pipe, device):
         got = pipe.generate(prompt, max_new_tokens=12, stop_at_eos=False)
         assert got.ids == want.ids, prompt
         assert got.backend == "torch"
+
+
+# ------------------------------------------------------------------------- oneDNN-packed weights (CPU)
+
+ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+needs_onednn = pytest.mark.skipif(not ONEDNN, reason=f"torch {torch.__version__} is built without oneDNN")
+
+
+@needs_onednn
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_onednn_packs_the_linear_weights_and_the_head(dtype):
+    from inferno_torch.backend import LinearWeight
+
+    be = get_backend(f"torch:device=cpu,dtype={dtype}")
+    if dtype == "bfloat16" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        assert not be.onednn
+        return
+    assert be.onednn
+    w = be.prepare_weight("h.0.mlp.c_fc.weight", np.ones((4, 6), np.float32))
+    assert isinstance(w, LinearWeight) and w.packed and w.shape == (4, 6)
+    assert be.weight_order("h.0.mlp.c_fc.weight") == "F" and be.weight_order("h.0.ln_1.weight") == "C"
+    wte = be.prepare_weight("wte.weight", np.ones((10, 4), np.float32))
+    assert isinstance(wte, torch.Tensor) and wte._inferno_head.packed  # plain for the gather, packed head
+
+
+def test_onednn_false_keeps_plain_tensors():
+    be = get_backend("torch:device=cpu,onednn=false")
+    assert not be.onednn
+    assert isinstance(be.prepare_weight("h.0.mlp.c_fc.weight", np.ones((4, 6), np.float32)), torch.Tensor)
+    assert be.weight_order("h.0.mlp.c_fc.weight") == "C"
+
+
+@pytest.mark.parametrize("spec, needle", [
+    ("torch:device=cpu,dtype=float16,onednn=true", "option onednn=true is not available: it is used for "
+                                                    "float32 and bfloat16, not float16"),
+    ("torch:onednn=maybe", "option onednn='maybe' must be auto, true or false"),
+    ("torch:onednn=2", "option onednn=2 must be auto, true or false"),
+])
+def test_bad_onednn_option(spec, needle):
+    with pytest.raises(ValueError, match=re.escape(needle)):
+        get_backend(spec)
+
+
+@needs_onednn
+@pytest.mark.parametrize("onednn", ["true", "false"])
+def test_greedy_ids_and_logits_with_and_without_onednn(model_dir, numpy_pipe, onednn):
+    # Packed weights, the fused GELU post-op and the packed head give numpy's greedy ids and logits.
+    pipe = inferno.load(model_dir, f"torch:device=cpu,onednn={onednn}", download=False)
+    for prompt in PROMPTS:
+        want = numpy_pipe.generate(prompt, max_new_tokens=12, stop_at_eos=False)
+        assert pipe.generate(prompt, max_new_tokens=12, stop_at_eos=False).ids == want.ids, prompt
+    ids = numpy_pipe.encode(PROMPTS[0])
+    want = numpy_pipe.logits(ids)
+    assert np.abs(pipe.logits(ids) - want).max() <= TOLERANCE["float32"] * np.abs(want).max()
