@@ -35,6 +35,15 @@ The kinds of checks: "kernel" (each kernel alone, and the from_numpy/to_numpy bo
 a full prefill) and "model" (a small random GPT-2 through `inferno.model`, against the numpy backend in
 float64; ``model-ragged`` runs continuous batching through `Gpt2.forward_ragged` against batch-1 forwards).
 
+The model checks take the paths generation and scoring take, so that a backend (or an Array API
+namespace) that passes the suite also generates: ``model-last-position`` (a prefill to the last
+position's logits [B, V], then cached decode steps), ``model-last-n`` (scoring's ``forward(last=n)``),
+``model-greedy`` (the batch-1 loop of `inferno.generate`) and ``model-engine`` (the batching engine of
+`inferno.engine`, stepped by hand: prompt chunks beside decode rows, slot reuse, a prompt shared by two
+sequences). The greedy checks compare token ids with the reference's up to the first near-tie: a step
+where the reference's logits of the two ids differ by less than twice the model tolerance (either id is
+then right, and the sequences may part there).
+
 **Ragged batches** (continuous batching): ``embedding`` with a positions array instead of an int offset,
 ``concat``, and ``ragged_self_attention``, whose reference is each row's own batch-1 causal attention over
 its slot's keys 0 .. offset + i only: the checks put large garbage (or a stale earlier sequence) past
@@ -803,3 +812,149 @@ _add("model", "ragged", "random GPT-2 C 48, H 3, 2 layers, V 101, 5 slots of 16 
      _model_ragged, kind="model", n_embd=48, n_head=3, n_layer=2, vocab=101, n_positions=16, n_slots=5,
      steps=[[("A", 2, 0, 5, False), ("B", 0, 0, 4, True), ("C", 3, 0, 6, True), ("D", 1, 0, 12, True)],
             [("D", 1, 12, 13, True), ("A", 2, 5, 9, True), ("E", 3, 0, 2, True), ("B", 0, 4, 5, True)]])
+
+
+# -------------------------------------------------------------------- what generation and scoring do
+
+
+def _small_model(run: _Run, n_embd, n_head, n_layer, vocab, n_positions):
+    """A random GPT-2 on the backend under test, and the same weights on the numpy backend in float64.
+
+    Its logits are spread as real weights' are (`inferno.bench.spread_logits`): with the plain random
+    weights the tied LM head makes greedy decoding repeat the current token whatever the attention
+    computed, and a greedy check would see nothing."""
+    from inferno.backends.numpy_backend import NumpyBackend
+    from inferno.bench import spread_logits
+    from inferno.config import Gpt2Config
+    from inferno.model import Gpt2
+
+    config = Gpt2Config(vocab_size=vocab, n_positions=n_positions, n_embd=n_embd, n_layer=n_layer,
+                        n_head=n_head, bos_token_id=vocab - 1, eos_token_id=vocab - 1)
+    weights = spread_logits(_random_weights(run, config))
+    return Gpt2.from_weights(config, weights, run.backend), Gpt2.from_weights(config, weights,
+                                                                             NumpyBackend("float64"))
+
+
+def _model_last_position(run: _Run, batch, prompt, steps) -> None:
+    """What the batch-1 loop does: a prefill that returns the last position's logits only ([B, V]: the
+    model slices its hidden states and the LM head gets a 2-D input), then cached decode steps of one
+    token each, in a cache of exactly the positions used."""
+    total = prompt + steps
+    model, oracle = _small_model(run, n_embd=48, n_head=3, n_layer=2, vocab=101, n_positions=total + 4)
+    ids = run.rng.integers(0, 101, size=(batch, total))
+    want = oracle.forward(ids, all_logits=True)  # [B, total, V]
+    cache = model.new_cache(batch, total)
+    got = run.host(model.forward(ids[:, :prompt], cache), "prefill logits")
+    run.expect(got, want[:, prompt - 1], factor=10, against="the numpy backend in float64",
+               what=f"prefill logits [B, V] of position {prompt - 1} (the last of {prompt})")
+    for pos in range(prompt, total):
+        got = run.host(model.forward(ids[:, pos : pos + 1], cache), f"decode logits at position {pos}")
+        run.expect(got, want[:, pos], factor=10, against="the numpy backend in float64",
+                   what=f"cached decode logits [B, V] at position {pos}")
+
+
+_add("model", "last-position", "random GPT-2 C 48, H 3, 2 layers, V 101; B 2: prefill 6 to the last "
+     "position's logits [B, V], then 4 cached decode steps, cache of exactly 10", _model_last_position,
+     kind="model", batch=2, prompt=6, steps=4)
+_add("model", "last-position-T1", "random GPT-2 C 48, H 3, 2 layers, V 101; B 1: prefill 1 to its logits "
+     "[1, V], then 5 cached decode steps, cache of exactly 6", _model_last_position,
+     kind="model", batch=1, prompt=1, steps=5)
+
+
+def _model_last_n(run: _Run, batch, length, lasts) -> None:
+    """What scoring does: one forward without a cache, logits of the last n positions ([B, n, V])."""
+    model, oracle = _small_model(run, n_embd=40, n_head=5, n_layer=2, vocab=67, n_positions=length + 2)
+    ids = run.rng.integers(0, 67, size=(batch, length))
+    want = oracle.forward(ids, all_logits=True)
+    for n in lasts:
+        got = run.host(model.forward(ids, last=n), f"logits of the last {n}")
+        run.expect(got, want[:, length - n :], factor=10, against="the numpy backend in float64",
+                   what=f"forward(ids [{batch}, {length}], last={n}) logits [B, {n}, V]")
+
+
+_add("model", "last-n", "random GPT-2 C 40, H 5, 2 layers, V 67; ids [2, 9], forward(last=n) for n = 1, 4 "
+     "and 9 (scoring's logits)", _model_last_n, kind="model", batch=2, length=9, lasts=[1, 4, 9])
+
+
+def _near_tie(run: _Run, logits: np.ndarray, got: int, want: int) -> bool:
+    """Whether the float64 reference's logits for `got` and `want` are so close that a backend within
+    the model checks' tolerance (×10) may rank them either way."""
+    scale = float(np.abs(logits).max())
+    slack = 10 * (run.tol.rtol * abs(float(logits[want])) + run.tol.atol * scale)
+    return float(logits[want]) - float(logits[got]) <= 2 * slack
+
+
+def _same_greedy(run: _Run, oracle, prompt: list[int], got: list[int], want: list[int], what: str) -> None:
+    """`got` must be the reference's greedy ids `want`, up to the first near-tie (where either is right
+    and the sequences may part)."""
+    if len(got) != len(want):
+        run.fail(f"{what}: {len(got)} new tokens, expected {len(want)} ({got} vs {want})")
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        if g == w:
+            continue
+        logits = oracle.forward(np.asarray([prompt + want[:i]]), all_logits=True)[0, -1]
+        if _near_tie(run, logits, g, w):
+            return
+        run.fail(f"{what}: new token {i} is id {g}, expected {w} (greedy on the numpy backend in float64, "
+                 f"whose logit for {g} is {float(logits[w] - logits[g]):.3g} below {w}'s: not a near-tie "
+                 f"within {dtype_name(run.backend.dtype)} tolerance; ids so far {got[: i + 1]}, expected "
+                 f"{want[: i + 1]})")
+
+
+def _model_greedy(run: _Run, prompts, new_tokens) -> None:
+    """The batch-1 generation loop (`inferno.generate`), greedy: the ids equal the reference's."""
+    from inferno.generate import generate_tokens
+
+    model, oracle = _small_model(run, n_embd=48, n_head=3, n_layer=2, vocab=101, n_positions=32)
+    for n in prompts:
+        prompt = run.rng.integers(0, 101, size=n).tolist()
+        want = list(generate_tokens(oracle, prompt, new_tokens))
+        got = list(generate_tokens(model, prompt, new_tokens))
+        _same_greedy(run, oracle, prompt, got, want, f"greedy generation from a prompt of {n}")
+
+
+_add("model", "greedy", "random GPT-2 C 48, H 3, 2 layers, V 101: greedy generation (inferno.generate) of 8 "
+     "tokens from prompts of 1, 5 and 11 ids equals the numpy backend's in float64", _model_greedy,
+     kind="model", prompts=[1, 5, 11], new_tokens=8)
+
+
+def _model_engine(run: _Run, slots, prefill_chunk, requests, group) -> None:
+    """The continuous-batching engine (`inferno.engine`), greedy, stepped by hand: sequences of different
+    lengths share each step (prompt chunks beside decode rows), wait for a slot and reuse one another's;
+    a group of one prompt copies its KV cache to its other slots. Every sequence's ids equal the
+    reference's batch-1 greedy ids."""
+    from inferno.engine import Engine
+    from inferno.generate import generate_tokens
+    from inferno.options import GenerationOptions
+
+    model, oracle = _small_model(run, n_embd=48, n_head=3, n_layer=2, vocab=101, n_positions=32)
+    engine = Engine(model, slots=slots, prefill_chunk=prefill_chunk, max_queue=None, autostart=False)
+    submitted = []
+    try:
+        for n, budget in requests:
+            prompt = run.rng.integers(0, 101, size=n).tolist()
+            submitted.append((prompt, budget, engine.submit(prompt, budget)))
+        n, budget, copies = group
+        prompt = run.rng.integers(0, 101, size=n).tolist()
+        for h in engine.submit_many(prompt, budget, [GenerationOptions()] * copies):
+            submitted.append((prompt, budget, h))
+        for _ in range(1000):  # far more steps than these requests take: a stuck engine fails
+            if not engine.step():
+                break
+    finally:
+        engine.close()
+    for i, (prompt, budget, h) in enumerate(submitted):
+        if h.error is not None:
+            raise h.error
+        if not h.done:
+            run.fail(f"sequence {i} (prompt of {len(prompt)}) did not finish")
+        want = list(generate_tokens(oracle, prompt, budget))
+        _same_greedy(run, oracle, prompt, list(h.state.ids), want,
+                     f"engine sequence {i} (prompt of {len(prompt)}, {budget} new tokens)")
+
+
+_add("model", "engine", "random GPT-2 C 48, H 3, 2 layers, V 101, engine of 2 slots, prefill chunks of 3: "
+     "greedy sequences from prompts of 7, 2 and 4 ids (6, 5, 3 new tokens), then 2 of one prompt of 5 "
+     "sharing its prefill (4 new tokens), equal the numpy backend's batch-1 greedy ids in float64",
+     _model_engine, kind="model", slots=2, prefill_chunk=3, requests=[(7, 6), (2, 5), (4, 3)],
+     group=(5, 4, 2))
