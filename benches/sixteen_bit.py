@@ -1,0 +1,164 @@
+"""Batch-1 decode and prefill with 16-bit weights against float32 `numpy`, side by side in ONE run.
+
+    python benches/sixteen_bit.py                    # 5 interleaved rounds
+    python benches/sixteen_bit.py --rounds 9 --steps 64 --json out.json
+
+Backends (each skipped with a note when not installed): `numpy` (float32, the baseline), `torch` in
+float32 and bfloat16 (the inferno-torch plugin: oneDNN-packed weights on the CPU), and `half` with
+float16 and bfloat16 weights (the inferno-half plugin: float32 activations, a compiled GEMV).
+
+All get the same random weights of the GPT-2 124M shape. Each round runs every backend once, in turn,
+so that a noisy neighbour slows all of them alike; the table shows medians over rounds, and each ratio
+is the median of the per-round ratios to `numpy`. Decode is the median step time of `--steps` cached
+one-token steps after a 64-token prefill, the first `WARMUP` steps left out; prefill is the prompt through
+a fresh KV cache up to the host logits of its last position. A memory-bandwidth probe (reading a
+512 MB array) says what the floor is: bytes of weights per step / bandwidth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+from inferno.backends.registry import (
+    BackendUnavailableError,
+    UnknownBackendError,
+    get_backend,
+    parse_backend_spec,
+)
+from inferno.bench import GPT2_124M, prompt_ids, random_weights, time_prefill
+from inferno.model import Gpt2
+
+SPECS = ("numpy", "torch:device=cpu", "torch:device=cpu,dtype=bfloat16", "half", "half:dtype=bfloat16")
+PREFILLS = (64, 1000)
+WARMUP = 4
+
+
+def decode_ms(model: Gpt2, ids: list[int], steps: int) -> float:
+    """Median ms of one cached decode step (one token in, host logits out)."""
+    cache = model.new_cache(1, len(ids) + steps + 1)
+    be = model.backend
+    logits = be.to_numpy(model.forward(np.asarray([ids]), cache))
+    times = []
+    for _ in range(steps):
+        token = int(np.argmax(logits[0]))
+        start = time.perf_counter()
+        logits = be.to_numpy(model.forward(np.asarray([[token]]), cache))
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times[WARMUP:] if steps > 2 * WARMUP else times)
+
+
+def bandwidth_gbs(threads: int) -> float:
+    """Read bandwidth: the best of 5 sums over a 512 MB float32 array, split among `threads` threads."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    a = np.ones(128 << 20, dtype=np.float32)
+    parts = np.array_split(a, threads)
+    with ThreadPoolExecutor(threads) as pool:
+        best = min(_timed(lambda: list(pool.map(np.sum, parts))) for _ in range(5))
+    return a.nbytes / best / 1e9
+
+
+def _timed(f) -> float:
+    start = time.perf_counter()
+    f()
+    return time.perf_counter() - start
+
+
+def weight_bytes(model: Gpt2) -> int:
+    """Bytes the backend holds for the weights (a packed copy of the tied head included)."""
+    def size(a) -> int:
+        inner = getattr(a, "weight", a)  # inferno-torch's LinearWeight wraps a tensor
+        return int(inner.nbytes)
+
+    total = 0
+    for name, a in model._named_weights():
+        if name == "lm_head.weight" and a is model.wte:
+            continue  # tied: the same array as wte
+        total += size(a)
+        head = getattr(a, "_inferno_head", None)
+        if head is not None:
+            total += size(head)
+    return total
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--steps", type=int, default=32, help="decode steps per round (default 32)")
+    p.add_argument("--backends", nargs="+", default=list(SPECS))
+    p.add_argument("--no-prefill-1000", action="store_true", help="skip the 1000-token prefill (slow)")
+    p.add_argument("--json", metavar="FILE")
+    args = p.parse_args(argv)
+
+    weights = random_weights()
+    models: dict[str, Gpt2] = {}
+    for spec in args.backends:
+        name, opts = parse_backend_spec(spec)
+        try:
+            be = get_backend(name, **opts)
+        except (UnknownBackendError, BackendUnavailableError, ValueError) as exc:
+            print(f"skipped {spec}: {exc}", file=sys.stderr)
+            continue
+        host = {k: np.asarray(a, order=be.weight_order(k)) for k, a in weights.items()}
+        models[spec] = Gpt2.from_weights(GPT2_124M, host, be)
+    del weights
+    prefills = PREFILLS[:1] if args.no_prefill_1000 else PREFILLS
+    prompts = {n: prompt_ids(n, GPT2_124M.vocab_size) for n in (64, *prefills)}
+    results: dict[str, dict[str, list[float]]] = {s: {} for s in models}
+    load_before = os.getloadavg()[0]
+    gbs = bandwidth_gbs(len(os.sched_getaffinity(0)))
+    for r in range(args.rounds):
+        for spec, model in models.items():
+            res = results[spec]
+            res.setdefault("decode_ms", []).append(decode_ms(model, prompts[64], args.steps))
+            for n in prefills:
+                res.setdefault(f"prefill{n}_tok_s", []).append(n / time_prefill(model, prompts[n]))
+        print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
+    load_after = os.getloadavg()[0]
+
+    base = results.get("numpy")
+    rows = []
+    for spec, res in results.items():
+        row = {"backend": spec, "weights_MB": weight_bytes(models[spec]) / 1e6,
+               "decode_tok_s": 1e3 / statistics.median(res["decode_ms"])}
+        if base:
+            pairs = zip(base["decode_ms"], res["decode_ms"], strict=True)
+            row["decode_x_numpy"] = statistics.median(b / d for b, d in pairs)
+        for n in prefills:
+            key = f"prefill{n}_tok_s"
+            row[key] = statistics.median(res[key])
+            if base:
+                row[f"prefill{n}_x_numpy"] = statistics.median(
+                    v / b for v, b in zip(res[key], base[key], strict=True))
+        row["floor_tok_s"] = gbs * 1e9 / (row["weights_MB"] * 1e6)
+        rows.append(row)
+
+    print(f"\nGPT-2 124M shape, random weights; {args.rounds} interleaved rounds, {args.steps} decode steps; "
+          f"read bandwidth {gbs:.1f} GB/s; load average {load_before:.2f} -> {load_after:.2f}")
+    head = "| backend | weights MB | decode tok/s | x numpy | " + " | ".join(
+        f"prefill {n} tok/s | x numpy" for n in prefills) + " | bandwidth floor tok/s |"
+    print(head)
+    print("|" + " --- |" * (head.count("|") - 1))
+    for row in rows:
+        cells = [row["backend"], f"{row['weights_MB']:.0f}", f"{row['decode_tok_s']:.1f}",
+                 f"{row.get('decode_x_numpy', float('nan')):.2f}"]
+        for n in prefills:
+            ratio = row.get(f"prefill{n}_x_numpy", float("nan"))
+            cells += [f"{row[f'prefill{n}_tok_s']:.0f}", f"{ratio:.2f}"]
+        cells.append(f"{row['floor_tok_s']:.0f}")
+        print("| " + " | ".join(cells) + " |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"bandwidth_GBs": gbs, "rows": rows, "raw": results}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,209 @@
+/* inferno-half's compiled kernels: matrix products with 16-bit weights and float32 everything else.
+
+   y[m, j] = b[j] + sum_k x[m, k] * w[j, k]      x: float32 [M, K], w: 16-bit [N, K] (row j = output j),
+                                                  b: float32 [N] or NULL, y: float32 [M, N]
+
+   w is stored blocked, as packed once at load by inferno_half.backend.pack: N and K padded with zeros to
+   multiples of 8, then [N/8][K/8][8 rows][8 columns], so that the kernel reads it strictly in order
+   (eight interleaved row streams measured 30 GB/s on the development machine, the blocked stream 45+).
+
+   A decode step is one such product per weight matrix with M = 1, bound by how fast the weights stream
+   from memory: 16-bit weights halve the bytes. Each weight is widened to float32 in registers and
+   accumulated in float32, so only the weights are rounded, never the activations or the sums.
+
+   Two weight formats: IEEE float16 (FMT_F16) and bfloat16 (FMT_BF16, the top half of a float32).
+   An AVX2 + FMA + F16C path is chosen at run time where the CPU has it; otherwise portable C.
+   The output rows are split among OpenMP threads where the compiler supports OpenMP.
+
+   The functions are plain C, called through ctypes; the Python module around them is empty. */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdint.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#define FMT_F16 0
+#define FMT_BF16 1
+
+/* ------------------------------------------------------------------------------------ portable C */
+
+static float f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | (man << 13);            /* inf, nan */
+    } else if (exp != 0) {
+        bits = sign | ((exp + 112) << 23) | (man << 13);     /* normal: rebias 15 -> 127 */
+    } else if (man == 0) {
+        bits = sign;                                         /* zero */
+    } else {                                                 /* subnormal: normalise */
+        int e = -1;
+        do { man <<= 1; e++; } while (!(man & 0x400));
+        bits = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ff) << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static float bf16_to_f32(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static inline float widen(uint16_t h, int fmt) { return fmt == FMT_F16 ? f16_to_f32(h) : bf16_to_f32(h); }
+
+/* Output rows of the 8-row blocks jb0 .. jb1 - 1, for every input row. */
+static void blocks_portable(const float *x, int64_t m_rows, int64_t kp, const uint16_t *w, int64_t jb0,
+                            int64_t jb1, const float *b, float *y, int64_t n, int fmt) {
+    for (int64_t jb = jb0; jb < jb1; jb++) {
+        const uint16_t *blk = w + jb * 8 * kp;
+        for (int64_t m = 0; m < m_rows; m++) {
+            const float *xm = x + m * kp;
+            float acc[8] = {0};
+            for (int64_t i = 0; i < kp; i += 8)
+                for (int r = 0; r < 8; r++)
+                    for (int c = 0; c < 8; c++) acc[r] += xm[i + c] * widen(blk[i * 8 + r * 8 + c], fmt);
+            for (int r = 0; r < 8 && jb * 8 + r < n; r++) y[m * n + jb * 8 + r] = acc[r] + (b ? b[jb * 8 + r] : 0.0f);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------- AVX2 + FMA + F16C (x86) */
+
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#define HAVE_X86 1
+#include <immintrin.h>
+
+#define X86 __attribute__((target("avx2,fma,f16c")))
+#define PREFETCH 512 /* weights (2 bytes each) */
+
+X86 static inline __m256 load8(const uint16_t *p, int fmt) {
+    __m128i h = _mm_loadu_si128((const __m128i *)p);
+    if (fmt == FMT_F16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+X86 static inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* One 8-row block for one input row: eight independent accumulators (both FMA units busy despite their
+   latency) fed by one sequential stream of weights. For more input rows the block is read again, from
+   the cache (8 rows x K x 2 bytes: 12 KB for K = 768, 48 KB for 3072). */
+X86 static void blocks_x86(const float *x, int64_t m_rows, int64_t kp, const uint16_t *w, int64_t jb0,
+                           int64_t jb1, const float *b, float *y, int64_t n, int fmt) {
+    for (int64_t jb = jb0; jb < jb1; jb++) {
+        const uint16_t *blk = w + jb * 8 * kp;
+        for (int64_t m = 0; m < m_rows; m++) {
+            const float *xm = x + m * kp;
+            const uint16_t *p = blk;
+            __m256 acc[8];
+            for (int r = 0; r < 8; r++) acc[r] = _mm256_setzero_ps();
+            for (int64_t i = 0; i < kp; i += 8, p += 64) {
+                __m256 xv = _mm256_loadu_ps(xm + i);
+                /* 1 KB ahead of the stream: measured 20% faster than the hardware prefetcher alone. */
+                _mm_prefetch((const char *)(p + PREFETCH), _MM_HINT_T0);
+                _mm_prefetch((const char *)(p + PREFETCH + 32), _MM_HINT_T0);
+                for (int r = 0; r < 8; r++) acc[r] = _mm256_fmadd_ps(load8(p + r * 8, fmt), xv, acc[r]);
+            }
+            for (int r = 0; r < 8 && jb * 8 + r < n; r++) y[m * n + jb * 8 + r] = hsum(acc[r]) + (b ? b[jb * 8 + r] : 0.0f);
+        }
+    }
+}
+
+/* Columns 0 .. k - k % 8 - 1 of one row of the blocked weights, widened; returns how many were done. */
+X86 static int64_t unpack_row_x86(const uint16_t *blk, int64_t k, float *row, int fmt) {
+    int64_t i = 0;
+    for (; i + 8 <= k; i += 8) _mm256_storeu_ps(row + i, load8(blk + i * 8, fmt));
+    return i;
+}
+
+static int cpu_has_x86(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
+#else
+#define HAVE_X86 0
+#endif
+
+/* ------------------------------------------------------------------------------------ entry points */
+
+static int use_x86 = -1;
+
+/* Which code path runs here: 1 = AVX2 + FMA + F16C, 0 = portable C. */
+int inferno_half_simd(void) {
+#if HAVE_X86
+    if (use_x86 < 0) use_x86 = cpu_has_x86();
+    return use_x86;
+#else
+    return 0;
+#endif
+}
+
+/* The largest number of threads a call may use (1 without OpenMP). */
+int inferno_half_max_threads(void) {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+/* y = x @ w.T + b, see the top of the file: x is [M, kp] (kp = K padded to a multiple of 8, the padding
+   zero), w the blocked weights of N rows (N padded to np8), y [M, N]. The 8-row blocks are split among
+   `threads` threads. Returns 0. */
+int inferno_half_matmul(const float *x, int64_t m_rows, int64_t kp, const uint16_t *w, int64_t n,
+                        const float *b, float *y, int fmt, int threads) {
+    int64_t blocks = (n + 7) / 8, per = 8;  /* 64 output rows per task */
+    int64_t tasks = (blocks + per - 1) / per;
+    int simd = inferno_half_simd();
+    (void)threads; (void)simd;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1) if (threads > 1)
+#endif
+    for (int64_t t = 0; t < tasks; t++) {
+        int64_t jb0 = t * per, jb1 = jb0 + per < blocks ? jb0 + per : blocks;
+#if HAVE_X86
+        if (simd) { blocks_x86(x, m_rows, kp, w, jb0, jb1, b, y, n, fmt); continue; }
+#endif
+        blocks_portable(x, m_rows, kp, w, jb0, jb1, b, y, n, fmt);
+    }
+    return 0;
+}
+
+/* The float32 rows j0 .. j1 - 1 (j0 a multiple of 8) of the blocked weights, as a plain [j1 - j0, k]
+   array (k <= kp: the padding columns are left out). For products of many rows, which BLAS does faster
+   on float32 weights than any kernel here. Split among `threads` threads. Returns 0. */
+int inferno_half_unpack(const uint16_t *w, int64_t kp, int64_t j0, int64_t j1, int64_t k, float *dst,
+                        int fmt, int threads) {
+    (void)threads;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1) if (threads > 1)
+#endif
+    for (int64_t j = j0; j < j1; j++) {
+        const uint16_t *blk = w + (j / 8) * 8 * kp + (j % 8) * 8;
+        float *row = dst + (j - j0) * k;
+        int64_t i = 0;
+#if HAVE_X86
+        if (inferno_half_simd()) i = unpack_row_x86(blk, k, row, fmt);
+#endif
+        for (; i < k; i++) row[i] = widen(blk[(i / 8) * 64 + i % 8], fmt);
+    }
+    return 0;
+}
+
+/* An importable module, so that setuptools builds and installs this file like any extension; Python
+   finds its path and ctypes loads the functions above from it. */
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernels", "inferno-half's C kernels (see ctypes)",
+                                    -1, NULL, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__kernels(void) { return PyModule_Create(&module); }

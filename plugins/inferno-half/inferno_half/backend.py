@@ -1,0 +1,337 @@
+"""The ``half`` backend: 16-bit weights, float32 activations, a compiled kernel for the matrix products.
+
+    inferno --backend half "Hello"                       # float16 weights
+    inferno --backend half:dtype=bfloat16 "Hello"        # bfloat16 weights (a BF16 file stays exact)
+    inferno --backend half:threads=1 "Hello"
+
+A decode step reads every weight once, so its speed is the memory bandwidth divided by the bytes of
+the weights: 16-bit weights halve them. Only the weights are rounded to 16 bits; activations, the KV
+cache, every sum and the logits stay float32 (this is `numpy`'s backend with different matrix
+products). Each product widens the weights in registers and accumulates in float32
+(`_kernels.c`: AVX2 + FMA + F16C where the CPU has them, portable C elsewhere, OpenMP threads).
+
+Weights are converted once at load: the four block matrices to [out, in] rows, padded to multiples of
+8 and stored blocked (see `pack`); `wte` too, which serves both the embedding gather (rows widened on
+the fly) and the tied LM head, so the backend holds it once, in 16 bits. A product of more than
+`SMALL_M` rows (a prefill) is BLAS on float32 weights unpacked 8 MB at a time: BLAS beats a
+hand-written kernel there, and the unpacking costs little against the GEMM.
+
+Without the compiled kernel (no C compiler at install) every product takes the unpacking path in
+NumPy: correct, and slow; `inferno backends` says so in the description of the backend.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+from inferno.backends.hookspecs import hookimpl
+from inferno.backends.numpy_backend import NumpyBackend
+
+#: The Hub's Conv1D weights (stored [in, out]) and the [V, C] embedding/head: the matrices kept in 16 bits.
+MATRICES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight",
+            "wte.weight", "lm_head.weight")
+#: The formats, by option value: (numpy dtype of the stored bits, the kernel's format code).
+FORMATS = {"float16": 0, "bfloat16": 1}
+#: Products of up to this many rows run in the compiled kernel; more go to BLAS (see the module docstring).
+SMALL_M = 8
+#: Float32 bytes unpacked per BLAS call on the many-row path.
+UNPACK_BYTES = 8 << 20
+#: The most threads one may ask for (as for cpu-threaded).
+MAX_THREADS = 1024
+
+
+def _load_kernels() -> Any:
+    """The compiled kernels through ctypes, or None when the extension was not built."""
+    try:
+        from inferno_half import _kernels
+    except ImportError:
+        return None
+    lib = ctypes.CDLL(_kernels.__file__)
+    p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    lib.inferno_half_matmul.argtypes = [p, i64, i64, p, i64, p, p, i32, i32]
+    lib.inferno_half_unpack.argtypes = [p, i64, i64, i64, i64, p, i32, i32]
+    for f in (lib.inferno_half_matmul, lib.inferno_half_unpack, lib.inferno_half_simd,
+              lib.inferno_half_max_threads):
+        f.restype = i32
+    return lib
+
+
+_KERNELS = _load_kernels()
+
+
+def _blas_controller() -> Any:
+    """threadpoolctl's handle on NumPy's BLAS (to run tiny matmuls on one thread), or None."""
+    from threadpoolctl import ThreadpoolController
+
+    found = ThreadpoolController().select(user_api="blas").lib_controllers
+    return found[0] if len(found) == 1 and _KERNELS is not None else None
+
+
+_BLAS = _blas_controller()
+
+
+def to_bits(a: np.ndarray, fmt: str) -> np.ndarray:
+    """float32 → the 16-bit pattern of `fmt` (uint16), rounding to nearest even."""
+    a = np.ascontiguousarray(a, dtype=np.float32)
+    if fmt == "float16":
+        with np.errstate(over="ignore"):
+            return a.astype(np.float16).view(np.uint16)
+    u = a.view(np.uint32)
+    # bfloat16 is the top half of a float32: add half an ulp (ties to even), then keep the top 16 bits.
+    # NaN cannot occur (weights are checked finite at load).
+    return ((u + (np.uint32(0x7FFF) + ((u >> 16) & 1))) >> 16).astype(np.uint16)
+
+
+def from_bits(bits: np.ndarray, fmt: str) -> np.ndarray:
+    """The uint16 patterns of `fmt` → float32."""
+    if fmt == "float16":
+        return bits.view(np.float16).astype(np.float32)
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+class Weight16:
+    """A matrix of a `linear` (or the embedding/head) as this backend keeps it: the rows of the [out, in]
+    matrix in 16 bits, padded with zeros to multiples of 8 both ways and blocked as
+    [out/8][in/8][8 rows][8 columns], so that the kernel reads them in order. ``shape`` is [in, out],
+    the protocol's view of a linear weight; ``rows`` is [out, in], the embedding's."""
+
+    __slots__ = ("blocks", "rows", "fmt", "ptr")
+
+    def __init__(self, blocks: np.ndarray, rows: tuple[int, int], fmt: str) -> None:
+        self.blocks, self.rows, self.fmt = blocks, rows, fmt
+        self.ptr = blocks.ctypes.data  # looked up once: each decode step makes 49 calls
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.rows[1], self.rows[0]
+
+    @property
+    def nbytes(self) -> int:
+        return self.blocks.nbytes
+
+    def row_values(self, ids: np.ndarray) -> np.ndarray:
+        """The float32 rows `ids` (any shape of integers) of the [out, in] matrix: the embedding gather."""
+        n, k = self.rows
+        flat = ids.reshape(-1)
+        kp = self.blocks.shape[1] * 8
+        # Row j's column i sits at blocks[j // 8, i // 8, j % 8, i % 8].
+        got = self.blocks[flat // 8, :, flat % 8, :].reshape(len(flat), kp)[:, :k]
+        return from_bits(np.ascontiguousarray(got), self.fmt).reshape(*ids.shape, k)
+
+    def __repr__(self) -> str:
+        return f"Weight16({self.rows[0]}x{self.rows[1]} [out, in], {self.fmt}, blocked)"
+
+
+def pack(out_in: np.ndarray, fmt: str) -> Weight16:
+    """A float32 [out, in] matrix → `Weight16`, converted a few rows at a time (no full-size temporary)."""
+    n, k = out_in.shape
+    n8, k8 = -(-n // 8), -(-k // 8)
+    blocks = np.zeros((n8, k8, 8, 8), dtype=np.uint16)
+    step = max(8, (UNPACK_BYTES // max(1, 4 * k)) // 8 * 8)
+    for j0 in range(0, n, step):
+        j1 = min(n, j0 + step)
+        part = np.zeros(((j1 - j0 + 7) // 8 * 8, k8 * 8), dtype=np.uint16)
+        part[: j1 - j0, :k] = to_bits(out_in[j0:j1], fmt)
+        blocks[j0 // 8 : j0 // 8 + part.shape[0] // 8] = part.reshape(-1, 8, k8, 8).transpose(0, 2, 1, 3)
+    return Weight16(blocks, (n, k), fmt)
+
+
+class HalfBackend(NumpyBackend):
+    name = "half"
+    description = ("16-bit weights (dtype=float16|bfloat16), float32 activations and sums; a compiled "
+                   "kernel for decode (threads=N up to 1024)"
+                   + ("" if _KERNELS is not None else " [kernel not compiled: NumPy fallback, slow]"))
+
+    def __init__(self, dtype: Any = "float16", threads: Any = None) -> None:
+        """`dtype`: how the weights are stored, "float16" (default: 11 significant bits) or "bfloat16"
+        (8 bits, float32's range; what a BF16 checkpoint holds exactly). `threads`: threads of the
+        compiled kernel, None or "auto" for the usable cores. Bad values raise ValueError naming the
+        option."""
+        super().__init__("float32")
+        name = str(dtype).removeprefix("torch.").removeprefix("numpy.")
+        if name not in FORMATS:
+            raise ValueError(f"half backend: option dtype={dtype!r} is not supported (choose float16 or "
+                             "bfloat16)")
+        self.fmt = name
+        self._code = FORMATS[name]
+        # The conformance suite's tolerances follow the rounding of the weights.
+        self.dtype = np.dtype(np.float16) if name == "float16" else "bfloat16"
+        self.threads = _threads(threads)
+        self.compiled = _KERNELS is not None
+        self._workers: ThreadPoolExecutor | None = None  # for products of many rows, made when needed
+
+    # ----------------------------------------------------------------------------------------- boundary
+
+    def from_numpy(self, a: np.ndarray) -> np.ndarray:
+        a = np.asarray(a)
+        return np.ascontiguousarray(a, dtype=np.float32) if a.dtype.kind == "f" else np.ascontiguousarray(a)
+
+    def to_numpy(self, a: Any) -> np.ndarray:
+        if isinstance(a, Weight16):
+            n, k = a.rows
+            return self._unpack(a, 0, n)
+        return super().to_numpy(a)
+
+    def weight_order(self, name: str) -> str:
+        # Fortran order [in, out] is C order [out, in]: the loader reads straight into it.
+        return "F" if name.endswith(MATRICES[:4]) else "C"
+
+    def prepare_weight(self, name: str, a: np.ndarray) -> Any:
+        if name.endswith(MATRICES[:4]):  # [in, out] as the file has it: pack the transpose
+            _check_range(name, a, self.fmt)
+            return pack(a.T, self.fmt)
+        if name in MATRICES[4:]:  # [V, C] is [out, in] already
+            _check_range(name, a, self.fmt)
+            return pack(a, self.fmt)
+        return np.ascontiguousarray(a, dtype=np.float32)
+
+    def new_kv_cache(self, batch, n_head, length, head_dim):
+        shape = (batch, n_head, length, head_dim)
+        return np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+
+    # ------------------------------------------------------------------------------------------ kernels
+
+    def linear(self, x, w, b):
+        if not isinstance(w, Weight16):
+            return super().linear(x, w, b)
+        lead = x.shape[:-1]
+        return self._matmul(x.reshape(-1, x.shape[-1]), w, b).reshape(*lead, w.rows[0])
+
+    def lm_head(self, x, wte):
+        if not isinstance(wte, Weight16):
+            return super().lm_head(x, wte)
+        return self.linear(x, wte, None)
+
+    def embedding(self, wte, wpe, ids, offset):
+        if not isinstance(wte, Weight16):
+            return super().embedding(wte, wpe, ids, offset)
+        tok = wte.row_values(np.asarray(ids))
+        if not isinstance(offset, (int, np.integer)):
+            return tok + wpe[offset]
+        return tok + wpe[offset : offset + ids.shape[-1]]
+
+    def attention(self, q, k_cache, v_cache, offset):
+        # Its matmuls on one BLAS thread: OpenBLAS's pool, once woken, spins and slows the kernel that
+        # runs next (see `_one_blas_thread`).
+        with _one_blas_thread():
+            return super().attention(q, k_cache, v_cache, offset)
+
+    def _matmul(self, x: np.ndarray, w: Weight16, b: np.ndarray | None) -> np.ndarray:
+        """[M, K] float32 @ the [K, N] that `w` holds, + b: the kernel for a few rows, BLAS for more."""
+        m, k = x.shape
+        n = w.rows[0]
+        if _KERNELS is not None and m <= SMALL_M:
+            kp = w.blocks.shape[1] * 8
+            if kp != k:  # shapes that are not multiples of 8 (small test models): pad the activations
+                xp = np.zeros((m, kp), np.float32)
+                xp[:, :k] = x
+                x = xp
+            else:
+                x = np.ascontiguousarray(x, dtype=np.float32)
+            y = np.empty((m, n), np.float32)
+            bias = None if b is None else np.ascontiguousarray(b, dtype=np.float32)
+            _KERNELS.inferno_half_matmul(x.ctypes.data, m, kp, w.ptr, n,
+                                         None if bias is None else bias.ctypes.data, y.ctypes.data,
+                                         self._code, self.threads)
+            return y
+        y = np.empty((m, n), np.float32)
+        parts = _split(n, self.threads if _KERNELS is not None else 1)
+        if len(parts) == 1:
+            self._blas_rows(x, w, y, *parts[0])
+        else:
+            with _one_blas_thread():
+                for f in [self._pool().submit(self._blas_rows, x, w, y, j0, j1) for j0, j1 in parts]:
+                    f.result()
+        if b is not None:
+            y += b
+        return y
+
+    def _blas_rows(self, x: np.ndarray, w: Weight16, y: np.ndarray, j0: int, j1: int) -> None:
+        """y[:, j0:j1] = x @ rows j0 .. j1 - 1 of w, unpacked to float32 `UNPACK_BYTES` at a time."""
+        k = x.shape[1]
+        step = max(8, (UNPACK_BYTES // max(1, 4 * k)) // 8 * 8)
+        for c0 in range(j0, j1, step):
+            c1 = min(j1, c0 + step)
+            y[:, c0:c1] = x @ self._unpack(w, c0, c1).T  # (matmul into a strided `out` skips BLAS)
+
+    def _pool(self) -> ThreadPoolExecutor:
+        if self._workers is None:
+            self._workers = ThreadPoolExecutor(self.threads, thread_name_prefix="inferno-half")
+        return self._workers
+
+    def close(self) -> None:
+        if self._workers is not None:
+            self._workers.shutdown()
+            self._workers = None
+
+    def _unpack(self, w: Weight16, j0: int, j1: int) -> np.ndarray:
+        """Rows j0 .. j1 - 1 of `w`'s [out, in] matrix as float32 (j0 a multiple of 8). One thread: BLAS
+        runs next on all the cores, and OpenMP threads still spinning would take them from it."""
+        n, k = w.rows
+        if _KERNELS is not None:
+            out = np.empty((j1 - j0, k), np.float32)
+            _KERNELS.inferno_half_unpack(w.ptr, w.blocks.shape[1] * 8, j0, j1, k,
+                                         out.ctypes.data, self._code, 1)
+            return out
+        part = w.blocks[j0 // 8 : (j1 + 7) // 8].transpose(0, 2, 1, 3).reshape(-1, w.blocks.shape[1] * 8)
+        return from_bits(np.ascontiguousarray(part[: j1 - j0, :k]), w.fmt)
+
+
+def _split(n: int, parts: int) -> list[tuple[int, int]]:
+    """[0, n) in up to `parts` contiguous ranges whose starts are multiples of 8."""
+    per = -(-n // max(1, parts) // 8) * 8 or 8
+    return [(j0, min(n, j0 + per)) for j0 in range(0, n, per)]
+
+
+@contextmanager
+def _one_blas_thread() -> Iterator[None]:
+    """OpenBLAS on one thread while our own threads split a product among the cores.
+
+    OpenBLAS's threads spin for about 0.1 s after each call (2^28 cycles): they would take the cores
+    from the kernel's OpenMP threads during the first decode steps after a prefill (measured: 12-17 ms
+    per step instead of 6.6 for ~8 steps). Called from our threads on one thread each, its pool never
+    wakes up.
+    """
+    if _BLAS is None:
+        yield
+        return
+    before = _BLAS.get_num_threads()
+    _BLAS.set_num_threads(1)
+    try:
+        yield
+    finally:
+        _BLAS.set_num_threads(before)
+
+
+def _check_range(name: str, a: np.ndarray, fmt: str) -> None:
+    """float16 holds magnitudes up to 65504: a larger weight would become inf, so refuse it by name."""
+    if fmt != "float16" or a.size == 0:
+        return
+    largest = float(np.max(np.abs(a)))
+    if largest > 65504.0:
+        raise ValueError(f"half backend: weight {name!r} holds {largest:.4g}, beyond float16's range "
+                         "(65504); use half:dtype=bfloat16")
+
+
+def _threads(threads: Any) -> int:
+    if threads is None or threads == "auto":
+        try:
+            return max(1, len(os.sched_getaffinity(0)))
+        except AttributeError:  # not on Linux
+            return max(1, os.cpu_count() or 1)
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"half backend: option threads={threads!r} must be an integer >= 1 or 'auto'")
+    if threads > MAX_THREADS:
+        raise ValueError(f"half backend: option threads={threads} must be at most {MAX_THREADS}")
+    return threads
+
+
+@hookimpl
+def register_backends(register) -> None:
+    register(HalfBackend)

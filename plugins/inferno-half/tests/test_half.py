@@ -1,0 +1,201 @@
+"""inferno-half: the 16-bit formats, the compiled kernel against its NumPy fallback and a float64
+reference, options, and generation against `numpy` (the conformance suite runs separately:
+``pytest --pyargs inferno.conformance --backend half``)."""
+
+from __future__ import annotations
+
+import re
+
+import inferno
+import numpy as np
+import pytest
+from inferno.backends.registry import get_backend, list_backends
+from safetensors.numpy import load_file, save_file
+
+import inferno_half.backend as hb
+from inferno_half import HalfBackend
+
+FORMATS = ["float16", "bfloat16"]
+PROMPTS = ["Hello", "The quick brown fox", "Once upon a time", "def main():", "Numbers: 1, 2, 3,", "新年快乐"]
+
+
+def bf16_reference(a: np.ndarray) -> np.ndarray:
+    """Round float32 to bfloat16 (nearest, ties to even) by exact float64 arithmetic, as float32: the
+    two neighbouring bfloat16 values around each x, and the closer one (the even one on a tie)."""
+    x = a.astype(np.float64)
+    bits = a.view(np.uint32)
+    lo = (bits & np.uint32(0xFFFF0000)).view(np.float32).astype(np.float64)  # truncated toward zero
+    hi_bits = (bits & np.uint32(0xFFFF0000)) + np.uint32(0x10000)
+    hi = hi_bits.view(np.float32).astype(np.float64)  # next one away from zero
+    d_lo, d_hi = np.abs(x - lo), np.abs(hi - x)
+    even_lo = ((bits >> 16) & 1) == 0
+    pick_hi = (d_hi < d_lo) | ((d_hi == d_lo) & ~even_lo)
+    return np.where(pick_hi, hi, lo).astype(np.float32)
+
+
+def test_float16_bits_are_numpys_float16():
+    a = np.random.default_rng(0).standard_normal(10_000).astype(np.float32) * 10
+    np.testing.assert_array_equal(hb.from_bits(hb.to_bits(a, "float16"), "float16"),
+                                  a.astype(np.float16).astype(np.float32))
+
+
+def test_bfloat16_rounds_to_nearest_even():
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal(10_000).astype(np.float32) * 100
+    # Exact ties: the low 16 bits 0x8000, with an even and an odd bfloat16 below.
+    ties = np.array([0x3F808000, 0x3F818000, 0xBF808000, 0x40498000], dtype=np.uint32).view(np.float32)
+    a = np.concatenate([a, ties, [0.0, -0.0, 1e-30, 3e38]]).astype(np.float32)
+    np.testing.assert_array_equal(hb.from_bits(hb.to_bits(a, "bfloat16"), "bfloat16"), bf16_reference(a))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("n, k", [(21, 13), (64, 768 // 8), (50, 40), (8, 8), (1, 3)])
+def test_pack_keeps_every_value_and_row_gather(fmt, n, k):
+    a = np.random.default_rng(n * k).standard_normal((n, k)).astype(np.float32)
+    w = hb.pack(a, fmt)
+    want = hb.from_bits(hb.to_bits(a, fmt), fmt)
+    be = HalfBackend(fmt)
+    np.testing.assert_array_equal(be.to_numpy(w), want)
+    ids = np.array([[0, n - 1, n // 2], [n // 3, 0, n - 1]])
+    np.testing.assert_array_equal(w.row_values(ids), want[ids])
+    assert w.shape == (k, n) and w.rows == (n, k)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 8, 9, 40])
+@pytest.mark.parametrize("n, k", [(21, 13), (67, 48), (300, 96)])
+def test_linear_matches_float64_of_the_rounded_weights(fmt, m, n, k, monkeypatch):
+    # Both paths (the compiled kernel up to SMALL_M rows, unpacked BLAS above) and the NumPy fallback.
+    rng = np.random.default_rng(m * 1000 + n)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    w_in_out = rng.standard_normal((k, n)).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    be = HalfBackend(fmt, threads=2)
+    w = be.prepare_weight("h.0.mlp.c_fc.weight", w_in_out)
+    rounded = hb.from_bits(hb.to_bits(w_in_out, fmt), fmt).astype(np.float64)
+    want = x.astype(np.float64) @ rounded + b
+    scale = np.abs(x).sum(axis=1, keepdims=True) * np.abs(rounded).max() + 1
+    got = be.linear(x[None], w, b)[0]
+    assert got.shape == (m, n) and got.dtype == np.float32
+    assert np.all(np.abs(got - want) <= 1e-6 * scale)
+    monkeypatch.setattr(hb, "_KERNELS", None)  # the fallback: every product unpacked in NumPy
+    np.testing.assert_allclose(be.linear(x[None], w, b)[0], got, rtol=1e-5, atol=1e-5 * float(scale.max()))
+
+
+def test_kernel_is_compiled_and_uses_simd_here():
+    # CI builds the extension; a silent fallback to NumPy would make every decode 10x slower.
+    assert hb._KERNELS is not None, "the C kernels were not built (see pip's build log)"
+    assert HalfBackend().compiled
+    import platform
+    if platform.machine() in ("x86_64", "AMD64"):
+        assert hb._KERNELS.inferno_half_simd() in (0, 1)
+
+
+def test_registered_with_its_options():
+    info = {b.name: b for b in list_backends()}["half"]
+    assert "16-bit weights" in info.description
+    be = get_backend("half:dtype=bfloat16,threads=1")
+    assert (be.fmt, be.threads, be.dtype) == ("bfloat16", 1, "bfloat16")
+    assert get_backend("half").dtype == np.float16
+
+
+@pytest.mark.parametrize("spec, needle", [
+    ("half:dtype=float32", "option dtype='float32' is not supported (choose float16 or bfloat16)"),
+    ("half:threads=0", "option threads=0 must be an integer >= 1 or 'auto'"),
+    ("half:threads=5000", "option threads=5000 must be at most 1024"),
+])
+def test_bad_options_name_the_option(spec, needle):
+    with pytest.raises(ValueError, match=re.escape(needle)):
+        get_backend(spec)
+
+
+def test_weight_beyond_float16_range_is_refused_by_name():
+    a = np.ones((4, 8), np.float32)
+    a[1, 2] = 1e5
+    with pytest.raises(ValueError, match=r"weight 'h.3.attn.c_proj.weight' holds 1e\+05, beyond float16's "
+                                         r"range \(65504\); use half:dtype=bfloat16"):
+        HalfBackend().prepare_weight("h.3.attn.c_proj.weight", a)
+    assert HalfBackend("bfloat16").prepare_weight("h.3.attn.c_proj.weight", a).rows == (8, 4)
+
+
+# ---------------------------------------------------------------------------------------- end to end
+
+@pytest.fixture(scope="module")
+def numpy_pipe(model_dir):
+    return inferno.load(model_dir, "numpy", download=False)
+
+
+def greedy_agrees(want: inferno.api.Pipeline, got_ids: list[int], prompt: str, margin: float) -> None:
+    """`got_ids` equals numpy's greedy ids, or first differs where numpy's top two logits are within
+    `margin` of each other (a near-tie, which 16-bit weights may break the other way)."""
+    ids = want.encode(prompt)
+    for i, token in enumerate(got_ids):
+        logits = want.logits(ids)[-1]
+        top2 = np.sort(logits)[-2:]
+        best = int(np.argmax(logits))
+        if token != best:
+            assert top2[1] - top2[0] <= margin, (prompt, i, token, best, top2)
+            return
+        ids = [*ids, best]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_greedy_ids_match_numpy_up_to_near_ties(model_dir, numpy_pipe, fmt):
+    pipe = inferno.load(model_dir, f"half:dtype={fmt}", download=False)
+    margin = {"float16": 0.02, "bfloat16": 0.1}[fmt]
+    for prompt in PROMPTS:
+        got = pipe.generate(prompt, max_new_tokens=16, stop_at_eos=False)
+        greedy_agrees(numpy_pipe, got.ids, prompt, margin)
+
+
+@pytest.mark.parametrize("fmt, tolerance", [("float16", 2e-3), ("bfloat16", 2e-2)])
+def test_logits_match_numpy(model_dir, numpy_pipe, fmt, tolerance):
+    pipe = inferno.load(model_dir, f"half:dtype={fmt}", download=False)
+    ids = numpy_pipe.encode("The quick brown fox jumps over the lazy dog. " * 3)
+    want = numpy_pipe.logits(ids)
+    got = pipe.logits(ids)
+    assert got.dtype == np.float32 and got.shape == want.shape
+    assert np.abs(got - want).max() <= tolerance * np.abs(want).max()
+
+
+@pytest.mark.parametrize("stored", ["F16", "BF16"])
+def test_sixteen_bit_files_load_exactly(model_dir, tmp_path, stored):
+    # A checkpoint already in the backend's format converts without rounding: the backend holds the
+    # file's values bit for bit, and computes what it computes from a float32 file of the same values.
+    import shutil
+
+    fmt = {"F16": "float16", "BF16": "bfloat16"}[stored]
+    weights = load_file(str(model_dir / "model.safetensors"))
+    bits = {k: hb.to_bits(v, fmt) for k, v in weights.items()}
+    sixteen, thirty_two = tmp_path / "sixteen", tmp_path / "thirty-two"
+    for d in (sixteen, thirty_two):
+        d.mkdir()
+        for name in ("config.json", "tokenizer.json"):
+            shutil.copy(model_dir / name, d / name)
+    if stored == "F16":
+        save_file({k: b.view(np.float16) for k, b in bits.items()}, str(sixteen / "model.safetensors"))
+    else:
+        _save_bf16(bits, sixteen / "model.safetensors")
+    save_file({k: hb.from_bits(b, fmt) for k, b in bits.items()}, str(thirty_two / "model.safetensors"))
+    pipe = inferno.load(sixteen, f"half:dtype={fmt}", download=False)
+    held = pipe.model.backend.to_numpy(pipe.model.blocks[1].fc_w)
+    np.testing.assert_array_equal(held, hb.from_bits(bits["h.1.mlp.c_fc.weight"], fmt).T)
+    same = inferno.load(thirty_two, f"half:dtype={fmt}", download=False)
+    ids = same.encode("Hello there")
+    np.testing.assert_array_equal(pipe.logits(ids), same.logits(ids))
+
+
+def _save_bf16(bits: dict[str, np.ndarray], path) -> None:
+    """A safetensors file of BF16 tensors (safetensors.numpy has no bfloat16 dtype): the format by hand."""
+    import json
+
+    header, offset, blobs = {}, 0, []
+    for name, b in bits.items():
+        data = np.ascontiguousarray(b, dtype="<u2").tobytes()
+        header[name] = {"dtype": "BF16", "shape": list(b.shape), "data_offsets": [offset, offset + len(data)]}
+        offset += len(data)
+        blobs.append(data)
+    head = json.dumps(header).encode()
+    head += b" " * (-len(head) % 8)
+    with open(path, "wb") as f:
+        f.write(len(head).to_bytes(8, "little") + head + b"".join(blobs))
