@@ -39,6 +39,9 @@ Progress goes to stderr: a tqdm bar when tqdm is installed and stderr is a termi
 rewritten in place on a terminal, else nothing per request; always a final line
 ``[N requests, T new tokens in S s, X tok/s; K skipped (already in OUT), E malformed]``.
 
+With ``--ray [ADDRESS]`` the same job runs on Ray Data, over ``--workers`` actors of ``--slots``
+sequences each, and IN may also be Parquet or a folder (inferno/integrations/ray_batch.py).
+
 Exit codes: 0 when every valid request was written (malformed lines were reported and skipped), 1 when
 the engine failed some request (reported; rerun to retry them), 2 for usage errors and ``--strict``
 failures, 130 on Ctrl-C.
@@ -443,6 +446,9 @@ def _parser() -> argparse.ArgumentParser:
         help="keep generating past <|endoftext|> in requests that do not set stop_at_eos")
     arg("--strict", action="store_true",
         help="any malformed line is an error (exit 2) before anything is generated")
+    from inferno.integrations import add_ray_args  # the flags only: Ray itself is imported by --ray
+
+    add_ray_args(p)
     return p
 
 
@@ -497,6 +503,13 @@ def run_batch_cli(argv: Sequence[str]) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from inferno.integrations import run_ray_job, without_ray
+
+    if args.ray is not None:  # the same job on Ray Data: inferno/integrations/ray_batch.py
+        return run_ray_job("generate", args, PROG)
+    flag = without_ray(args)
+    if flag:
+        raise CliError(f"{flag} needs --ray (one process runs one engine: use --slots)")
     out_path = _check_output(args.output, args.input)
     source = "stdin" if args.input == "-" else args.input
     requests, errors = parse_requests(_read_input(args.input), args.max_new_tokens, not args.ignore_eos)

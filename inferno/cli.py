@@ -324,7 +324,23 @@ def _run_score(argv: Sequence[str]) -> int:
                    help="sliding-window step for long texts (default: half the context)")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object: ids, logprobs, total_logprob, perplexity, stride")
+    from inferno.integrations import add_ray_args, run_ray_job, without_ray
+
+    p.add_argument("-o", "--output", metavar="OUT.jsonl", help="with --ray: FILE is a JSONL or Parquet file "
+                   "(or a folder of them) of {\"id\", \"text\"} rows; one --json object per row, with its "
+                   "id, is appended to OUT")
+    p.add_argument("--strict", action="store_true", help="with --ray: any malformed row is an error (exit 2) "
+                   "before anything is scored")
+    add_ray_args(p)
     args = p.parse_args(argv)
+    if args.ray is not None:  # a scoring job on Ray Data: inferno/integrations/ray_batch.py
+        if args.output is None:
+            raise CliError("--ray needs -o OUT.jsonl (one JSON line per scored row)")
+        args.input = args.file
+        return run_ray_job("score", args, "inferno score")
+    flag = without_ray(args, ("output", "strict"))
+    if flag:
+        raise CliError(f"{flag} needs --ray (without it, inferno score scores one text)")
     text = _read_text(args.file)
     pipe = _load(args)
     start = time.perf_counter()
