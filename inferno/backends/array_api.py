@@ -96,6 +96,11 @@ class ArrayApiBackend(Backend):
     def from_numpy(self, a: np.ndarray) -> Array:
         a = np.asarray(a)
         xp = self.xp
+        if a.size == 0 and a.dtype.kind == "f":
+            # No values (a ragged step that samples no row: [0, V]). dask fails to make a large empty
+            # array (its auto-chunking divides by zero), but slices one out of a non-empty one.
+            full = xp.zeros(tuple(max(n, 1) for n in a.shape), dtype=self.float_dtype, device=self.device)
+            return full[tuple(slice(0, n) for n in a.shape)]
         if a.dtype.kind == "f":
             return xp.asarray(a, dtype=self.float_dtype, device=self.device)
         if a.dtype.kind in "iu":

@@ -261,7 +261,15 @@ def _roundtrip_ids(run: _Run) -> None:
                  f"expected integers {host.tolist()}")
 
 
+def _roundtrip_empty(run: _Run) -> None:
+    # The logits of an engine step that samples no row (every row a prompt chunk still going on).
+    host = np.zeros((0, 50257), dtype=np.float32)
+    run.expect(run.backend.from_numpy(host), host, what="to_numpy(from_numpy(x))", against="the input")
+
+
 _add("from_numpy", "roundtrip-float", "x [3, 7] ~ N(0, 10²)", _roundtrip_float)
+_add("from_numpy", "roundtrip-empty", "x [0, 50257] (the logits of a ragged step that samples no row)",
+     _roundtrip_empty)
 _add("from_numpy", "roundtrip-ids", "int64 ids [2, 3] up to 50256", _roundtrip_ids)
 
 
