@@ -35,7 +35,7 @@ from inferno.model import Gpt2
 from inferno.options import GenerationOptions, OptionError
 from inferno.scoring import ScoreResult, score_ids
 from inferno.tokenizer import Tokenizer
-from inferno.weights import load_weights
+from inferno.weights import iter_weights
 
 
 class Pipeline:
@@ -209,6 +209,7 @@ def load(
     directory = resolve_model_dir(model_dir, download=download)
     config = Gpt2Config.from_file(Path(directory) / "config.json")
     tokenizer = Tokenizer.from_file(Path(directory) / "tokenizer.json")
-    weights = load_weights(Path(directory) / "model.safetensors", config, be.weight_order)
-    model = Gpt2.from_weights(config, weights, be)
+    # One tensor at a time: a backend that converts the weights (16-bit) never holds all the float32 ones.
+    model = Gpt2.from_weights(config, iter_weights(Path(directory) / "model.safetensors", config,
+                                                   be.weight_order), be)
     return Pipeline(model, tokenizer)

@@ -20,7 +20,7 @@ non-finite row is a `NonFiniteLogitsError` saying whether the weights or the bac
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -222,17 +222,34 @@ class Gpt2:
     _diagnosing: bool = field(default=False, init=False, repr=False, compare=False)
 
     @classmethod
-    def from_weights(cls, config: Gpt2Config, weights: dict[str, np.ndarray], backend: Backend) -> Gpt2:
-        """Convert host weights (canonical Hub names, see `inferno.weights`) to backend arrays, once."""
+    def from_weights(cls, config: Gpt2Config,
+                     weights: Mapping[str, np.ndarray] | Iterable[tuple[str, np.ndarray]],
+                     backend: Backend) -> Gpt2:
+        """Convert host weights (canonical Hub names, see `inferno.weights`) to backend arrays, once.
 
-        def w(name: str) -> Array:
-            try:
-                return backend.prepare_weight(name, weights[name])
-            except BackendError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - a backend's failure, named
-                raise BackendError(f"backend {backend.name!r}: prepare_weight({name!r}) raised "
-                                   f"{_one_line(exc)}") from exc
+        `weights` is a dict, or (name, array) pairs such as `inferno.weights.iter_weights` yields: each
+        is converted as it arrives and let go, so a backend that keeps its own copy (16-bit weights)
+        never holds all of the float32 ones at once."""
+        pairs = weights.items() if isinstance(weights, Mapping) else weights
+        prepared: dict[str, Array] = {}
+        for name, host in pairs:
+            prepared[name] = cls._prepare(backend, name, host)
+            del host
+        return cls._from_prepared(config, prepared, backend)
+
+    @staticmethod
+    def _prepare(backend: Backend, name: str, host: np.ndarray) -> Array:
+        try:
+            return backend.prepare_weight(name, host)
+        except BackendError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a backend's failure, named
+            raise BackendError(f"backend {backend.name!r}: prepare_weight({name!r}) raised "
+                               f"{_one_line(exc)}") from exc
+
+    @classmethod
+    def _from_prepared(cls, config: Gpt2Config, weights: dict[str, Array], backend: Backend) -> Gpt2:
+        w = weights.__getitem__  # a missing weight is a KeyError naming it
 
         names = ("ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight",
                  "attn.c_proj.bias", "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight", "mlp.c_fc.bias",

@@ -426,14 +426,6 @@ def _row_parts(info: TensorInfo, chunk_bytes: int) -> Iterator[tuple[int, Tensor
                              info.start + r0 * row_bytes, info.start + r1 * row_bytes)  # fmt: skip
 
 
-def _same_as(f: BinaryIO, info: TensorInfo, reference: np.ndarray, path: str | os.PathLike[str]) -> bool:
-    """Whether a [V, C] tensor in the file equals ``reference``, reading it a few rows at a time."""
-    for r0, part in _row_parts(info, _COMPARE_CHUNK_BYTES):
-        if not np.array_equal(_read_tensor(f, part, path), reference[r0 : r0 + part.shape[0]]):
-            return False
-    return True
-
-
 def _orders(order: Callable[[str], str] | None, chosen: dict[str, TensorInfo]) -> dict[str, str]:
     """The memory order of each tensor; a callback that raises or answers anything but "C" or "F" is a
     `WeightOrderError` naming the backend it belongs to (before any data is read)."""
@@ -505,6 +497,30 @@ def _swap_bytes() -> int:
     return 0
 
 
+def _read_all(f: BinaryIO, path: str | os.PathLike[str], chosen: dict[str, TensorInfo],
+              lm_head: TensorInfo | None, orders: dict[str, str]) -> Iterator[tuple[str, np.ndarray]]:
+    """(name, float32 array) of every tensor kept: the largest first (`wte`: a consumer that converts
+    each array as it comes then peaks at the largest one plus what it converted), then in file order,
+    so the reads are sequential; a separate `lm_head.weight` last, only when it differs from `wte`."""
+    largest = max(chosen, key=lambda n: math.prod(chosen[n].shape))
+    rest = sorted((n for n in chosen if n != largest), key=lambda n: chosen[n].start)
+    for name in (largest, *rest):
+        yield name, _read_tensor(f, chosen[name], path, orders[name])
+    if lm_head is not None and not _same_tensors(f, lm_head, chosen["wte.weight"], path):
+        yield _LM_HEAD, _read_tensor(f, lm_head, path, orders[_LM_HEAD])
+
+
+def _same_tensors(f: BinaryIO, a: TensorInfo, b: TensorInfo, path: str | os.PathLike[str]) -> bool:
+    """Whether two [V, C] tensors of the file hold the same values (as float32), a few rows at a time."""
+    rows = max(1, _COMPARE_CHUNK_BYTES // (4 * math.prod(a.shape[1:])))  # the same rows from both
+    parts_a = _row_parts(a, rows * _DTYPE_SIZES[a.dtype] * math.prod(a.shape[1:]))
+    parts_b = _row_parts(b, rows * _DTYPE_SIZES[b.dtype] * math.prod(b.shape[1:]))
+    for (_, part_a), (_, part_b) in zip(parts_a, parts_b, strict=True):
+        if not np.array_equal(_read_tensor(f, part_a, path), _read_tensor(f, part_b, path)):
+            return False
+    return True
+
+
 def _check_memory(path: str | os.PathLike[str], need: int) -> None:
     """Refuse, before allocating anything, weights that cannot fit in this machine's memory."""
     limit = _memory_limit()
@@ -534,6 +550,39 @@ def load_weights(
     :class:`WeightsError` naming every tensor that holds NaN or Inf, with the count, after reading (the
     check costs ~20 ms at the 124M shape; see _FINITE_CHUNK). A bad `order` is a :class:`WeightOrderError`.
     """
+    read = list(_stream(path, config, order, check_each=False))
+    file_names = {name: file_name for name, file_name, _ in read}
+    weights = {name: a for name, _, a in read}
+    del read
+    # Canonical order (embeddings, blocks, final norm) reads better when inspected.
+    rank = {name: i for i, name in enumerate(expected_shapes(config))}
+    weights = {name: weights[name] for name in sorted(weights, key=lambda n: rank.get(n, len(rank)))}
+    # NaN or Inf anywhere gives garbage text on every backend: refuse it, naming each tensor and the count.
+    nonfinite = [_nonfinite(file_names[name], a, bad)
+                 for name, a in weights.items() if (bad := _count_nonfinite(a))]
+    if nonfinite:
+        raise WeightsError(path, nonfinite)
+    return weights
+
+
+def iter_weights(
+    path: str | os.PathLike[str], config: Gpt2Config, order: Callable[[str], str] | None = None
+) -> Iterator[tuple[str, np.ndarray]]:
+    """`load_weights` one tensor at a time: (canonical name, float32 array) pairs, the largest tensor
+    first, so that a caller that converts each array as it arrives (a backend with 16-bit weights)
+    never holds the float32 weights all at once. Every check on the header runs before the first
+    pair; a tensor with NaN or Inf raises `WeightsError` when it is reached, naming it."""
+    for name, _, a in _stream(path, config, order, check_each=True):
+        yield name, a
+
+
+def _nonfinite(name: str, a: np.ndarray, bad: int) -> str:
+    return f"tensor '{name}' holds {bad} non-finite value{'s' if bad > 1 else ''} (NaN or Inf) of {a.size}"
+
+
+def _stream(path: str | os.PathLike[str], config: Gpt2Config, order: Callable[[str], str] | None,
+            check_each: bool) -> Iterator[tuple[str, str, np.ndarray]]:
+    """(canonical name, name in the file, array) of every tensor, after every check on the header."""
     if not isinstance(config, Gpt2Config):
         raise TypeError(f"config must be a Gpt2Config, not {type(config).__name__}")
     with _open(path) as f:
@@ -547,27 +596,14 @@ def load_weights(
         # float32 bytes of every tensor kept (a separate lm_head counted: it may differ from wte).
         need = sum(4 * math.prod(info.shape) for info in (*chosen.values(), *([lm_head] if lm_head else [])))
         _check_memory(path, need)
-
-        weights: dict[str, np.ndarray] = {}
+        names = {name: info.name for name, info in (*chosen.items(), (_LM_HEAD, lm_head)) if info}
         try:
-            # In file order, so the reads are sequential.
-            for name, info in sorted(chosen.items(), key=lambda item: item[1].start):
-                weights[name] = _read_tensor(f, info, path, orders[name])
-            if lm_head is not None and not _same_as(f, lm_head, weights["wte.weight"], path):
-                weights[_LM_HEAD] = _read_tensor(f, lm_head, path, orders[_LM_HEAD])
+            for name, a in _read_all(f, path, chosen, lm_head, orders):
+                if check_each and (bad := _count_nonfinite(a)):
+                    raise WeightsError(path, [_nonfinite(names[name], a, bad)])
+                yield name, names[name], a
         except MemoryError:
-            weights.clear()
             limit = _memory_limit()
             here = f" ({_size(limit)} of memory here)" if limit else ""
             raise WeightsMemoryError(path, [f"not enough memory: the weights need {_size(need)} as "
                                             f"float32{here}"]) from None
-    # Canonical order (embeddings, blocks, final norm) reads better when inspected.
-    rank = {name: i for i, name in enumerate(expected_shapes(config))}
-    weights = {name: weights[name] for name in sorted(weights, key=lambda n: rank.get(n, len(rank)))}
-    # NaN or Inf anywhere gives garbage text on every backend: refuse it, naming each tensor and the count.
-    nonfinite = [f"tensor '{chosen.get(name, lm_head).name}' holds {bad} non-finite value"
-                 f"{'s' if bad > 1 else ''} (NaN or Inf) of {a.size}"
-                 for name, a in weights.items() if (bad := _count_nonfinite(a))]
-    if nonfinite:
-        raise WeightsError(path, nonfinite)
-    return weights

@@ -264,7 +264,7 @@ def test_in_process_registry_isolates_base_exceptions(monkeypatch):
     ("fake-no-driver", ("backend 'fake-no-driver' (from inferno-fake-faults 1.0) failed to start",
                         "its constructor raised RuntimeError: CUDA driver not found")),
     ("fake-prepare-oom", ("backend 'fake-prepare-oom'",
-                          "prepare_weight('h.0.ln_1.weight') raised MemoryError")),
+                          "prepare_weight('wte.weight') raised MemoryError")),
     ("fake-flat-logits", ("backend 'fake-flat-logits'", "lm_head returned an array of shape (50257,), "
                           "expected (1, 50257)")),
     ("fake-bad-order", ("memory order must be 'C' or 'F', got 'X'",

@@ -14,7 +14,7 @@ from inferno.backends.numpy_backend import NumpyBackend
 from inferno.generate import ContextLengthError, GenerationError, generate_tokens
 from inferno.model import Gpt2
 from inferno.sampling import SamplingParams
-from inferno.weights import load_weights
+from inferno.weights import iter_weights, load_weights
 
 # Logits agree with HF's float64 forward to this fraction of the largest |logit| (float32 compute).
 LOGITS_RTOL = 1e-4
@@ -204,10 +204,11 @@ def test_load_hands_the_loaders_arrays_over_without_a_copy(tmp_path, monkeypatch
     loaded = {}
 
     def spy(*args, **kwargs):
-        loaded.update(load_weights(*args, **kwargs))
-        return loaded
+        for name, a in iter_weights(*args, **kwargs):
+            loaded[name] = a
+            yield name, a
 
-    monkeypatch.setattr(inferno.api, "load_weights", spy)
+    monkeypatch.setattr(inferno.api, "iter_weights", spy)
     config = small_config(vocab_size=50257, n_positions=32, n_embd=16, n_layer=2, n_head=2)
     directory = write_model_dir(tmp_path, config, random_state_dict(config, 3))
     model = inferno.load(directory, backend, download=False).model

@@ -313,7 +313,7 @@ def _check_range(name: str, a: np.ndarray, fmt: str) -> None:
     """float16 holds magnitudes up to 65504: a larger weight would become inf, so refuse it by name."""
     if fmt != "float16" or a.size == 0:
         return
-    largest = float(np.max(np.abs(a)))
+    largest = max(float(a.max()), -float(a.min()))  # (np.abs would copy a 154 MB wte)
     if largest > 65504.0:
         raise ValueError(f"half backend: weight {name!r} holds {largest:.4g}, beyond float16's range "
                          "(65504); use half:dtype=bfloat16")

@@ -5,6 +5,9 @@ reference, options, and generation against `numpy` (the conformance suite runs s
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import inferno
 import numpy as np
@@ -199,3 +202,56 @@ def _save_bf16(bits: dict[str, np.ndarray], path) -> None:
     head += b" " * (-len(head) % 8)
     with open(path, "wb") as f:
         f.write(len(head).to_bytes(8, "little") + head + b"".join(blobs))
+
+
+RSS_SCRIPT = r"""
+import sys
+from pathlib import Path
+
+from inferno.backends.registry import get_backend
+from inferno.config import Gpt2Config
+from inferno.model import Gpt2
+from inferno.weights import iter_weights
+
+
+def status(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key):
+            return int(line.split()[1]) * 1024
+
+
+directory = Path(sys.argv[1])
+be = get_backend(sys.argv[2])
+config = Gpt2Config.from_file(directory / "config.json")
+base = status("VmRSS")
+# What inferno.load does with the weights (the tokenizer's memory is not the weights').
+model = Gpt2.from_weights(config, iter_weights(directory / "model.safetensors", config, be.weight_order), be)
+held = sum(a.nbytes for _, a in model._named_weights())
+print(status("VmHWM") - base, held)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status (Linux)")
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_load_peak_memory_is_at_most_1_2x_the_weights_held(tmp_path, fmt):
+    # inferno.load streams the file one tensor at a time and the backend converts each as it comes, so
+    # the float32 weights are never all in memory: the peak is the 16-bit weights plus the largest
+    # float32 tensor (wte, read first), not 3x (the float32 dict, then the copies).
+    # At GPT-2 124M's shape, where wte (float32: 154 MB) is a fraction of the 16-bit weights (251 MB).
+    import json
+    import shutil
+
+    from inferno.bench import GPT2_124M, random_weights
+
+    directory = tmp_path / "model"
+    directory.mkdir()
+    save_file(random_weights(GPT2_124M), str(directory / "model.safetensors"))
+    config = {k: getattr(GPT2_124M, k) for k in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head")}
+    (directory / "config.json").write_text(json.dumps({**config, "model_type": "gpt2"}))
+    shutil.copy(Path(__file__).resolve().parents[3] / "gpt2" / "tokenizer.json", directory / "tokenizer.json")
+    out = subprocess.run([sys.executable, "-c", RSS_SCRIPT, str(directory), f"half:dtype={fmt}"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    peak, held = map(int, out.stdout.split())
+    assert held > 240e6  # 16-bit weights of this shape
+    assert peak <= 1.2 * held, f"peak RSS grew {peak / 1e6:.0f} MB loading {held / 1e6:.0f} MB of weights"
