@@ -255,3 +255,31 @@ def test_load_peak_memory_is_at_most_1_2x_the_weights_held(tmp_path, fmt):
     peak, held = map(int, out.stdout.split())
     assert held > 240e6  # 16-bit weights of this shape
     assert peak <= 1.2 * held, f"peak RSS grew {peak / 1e6:.0f} MB loading {held / 1e6:.0f} MB of weights"
+
+
+@pytest.mark.parametrize("offset, t", [(0, 1), (0, 5), (3, 4), (6, 1), (60, 1), (40, 8), (0, 9), (2, 30)])
+def test_attention_matches_numpy(offset, t):
+    # The C kernel takes up to SMALL_M queries; more go to NumPy's matmuls. Both against numpy's kernel.
+    from inferno.backends.numpy_backend import NumpyBackend
+
+    rng = np.random.default_rng(offset * 100 + t)
+    q = rng.standard_normal((2, 3, t, 16), dtype=np.float32)
+    k_cache, v_cache = (rng.standard_normal((2, 3, 80, 16), dtype=np.float32) * 3 for _ in range(2))
+    want = NumpyBackend("float64").attention(q.astype(np.float64), k_cache.astype(np.float64),
+                                             v_cache.astype(np.float64), offset)
+    got = HalfBackend().attention(q, k_cache, v_cache, offset)
+    assert got.shape == q.shape and got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 768), (2, 7, 64), (1, 3, 13)])
+def test_layernorm_matches_float64(shape):
+    rng = np.random.default_rng(sum(shape))
+    x = (rng.standard_normal(shape) * 5 + 300).astype(np.float32)  # a large mean: sums must not cancel
+    gamma, beta = (rng.standard_normal(shape[-1]).astype(np.float32) for _ in range(2))
+    x64 = x.astype(np.float64)
+    mean, var = x64.mean(-1, keepdims=True), x64.var(-1, keepdims=True)
+    want = (x64 - mean) / np.sqrt(var + 1e-5) * gamma + beta
+    got = HalfBackend().layernorm(x, gamma, beta, 1e-5)
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
