@@ -18,9 +18,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from goldens import weights_sha256  # noqa: E402
+from goldens import build_model, check_distinct, weights_sha256  # noqa: E402
 from hf_oracle import hf_greedy, hf_logits, hf_model  # noqa: E402
-from random_gpt2 import random_state_dict, small_config  # noqa: E402
+from random_gpt2 import DISTINCT  # noqa: E402
 
 from inferno.tokenizer import Tokenizer  # noqa: E402
 
@@ -28,8 +28,10 @@ OUT = ROOT / "tests" / "data" / "golden"
 
 # Small vocabulary, every position's logits: the logits parity check.
 LOGITS_MODEL = dict(vocab_size=384, n_positions=64, n_embd=48, n_layer=3, n_head=3, seed=11)
-# The real vocabulary and tokenizer, greedy continuations of text prompts.
-GREEDY_MODEL = dict(vocab_size=50257, n_positions=128, n_embd=32, n_layer=2, n_head=4, seed=12)
+# The real vocabulary and tokenizer, greedy continuations of text prompts; position embeddings and
+# attention scaled up (random_gpt2.DISTINCT) so that greedy decoding does not repeat one token: a decode
+# loop that feeds back stale logits, or a wrong position, then changes the ids.
+GREEDY_MODEL = dict(vocab_size=50257, n_positions=128, n_embd=32, n_layer=2, n_head=4, seed=12, **DISTINCT)
 GREEDY_TOKENS = 32
 PROMPTS = [
     "The quick brown fox",
@@ -47,18 +49,11 @@ PROMPTS = [
 ]
 
 
-def build(spec: dict):
-    spec = dict(spec)
-    seed = spec.pop("seed")
-    config = small_config(**spec)
-    return config, random_state_dict(config, seed)
-
-
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
 
-    config, sd = build(LOGITS_MODEL)
+    config, sd = build_model(LOGITS_MODEL)
     model = hf_model(config, sd)
     prompts = [rng.integers(0, config.vocab_size, size=n).tolist() for n in (1, 2, 7, 16, 33, 64)]
     arrays = {f"logits_{i}": hf_logits(model, p) for i, p in enumerate(prompts)}
@@ -67,7 +62,7 @@ def main() -> None:
     meta = {"model": LOGITS_MODEL, "weights_sha256": weights_sha256(sd), "prompts": len(prompts)}
     (OUT / "logits.json").write_text(json.dumps(meta, indent=2) + "\n")
 
-    config, sd = build(GREEDY_MODEL)
+    config, sd = build_model(GREEDY_MODEL)
     model = hf_model(config, sd)
     tok = Tokenizer.from_file(ROOT / "gpt2" / "tokenizer.json")
     cases = []
@@ -75,6 +70,7 @@ def main() -> None:
         ids = tok.encode(text)
         new, gaps = hf_greedy(model, ids, GREEDY_TOKENS)
         cases.append({"prompt": text, "prompt_ids": ids, "greedy_ids": new, "relative_gaps": gaps})
+    check_distinct(cases)
     meta = {"model": GREEDY_MODEL, "weights_sha256": weights_sha256(sd), "cases": cases,
             "source": "transformers GPT2LMHeadModel, float64, eager attention, argmax of full recompute"}
     (OUT / "greedy.json").write_text(json.dumps(meta, indent=1) + "\n")

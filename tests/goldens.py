@@ -16,6 +16,11 @@ from inferno.config import Gpt2Config
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "data" / "golden"
 TOKENIZER_JSON = ROOT / "gpt2" / "tokenizer.json"
+#: Keys of a golden's "model" spec that are `random_state_dict` keywords; the rest are `small_config`'s.
+WEIGHT_KEYS = ("seed", "wpe_std", "attn_gain", "logit_gain")
+#: Each greedy golden of 32 tokens holds at least this many distinct ids: a model that repeats itself
+#: would hide a decode loop feeding back stale logits, or a wrong position (issue #20).
+MIN_DISTINCT_GREEDY_IDS = 20
 
 
 def weights_sha256(sd: dict[str, np.ndarray]) -> str:
@@ -26,17 +31,36 @@ def weights_sha256(sd: dict[str, np.ndarray]) -> str:
     return h.hexdigest()
 
 
+def build_model(spec: dict) -> tuple[Gpt2Config, dict[str, np.ndarray]]:
+    """(config, weights) of a golden's "model" spec: `small_config` sizes plus `random_state_dict`
+    keywords (WEIGHT_KEYS)."""
+    weight_kwargs = {k: v for k, v in spec.items() if k in WEIGHT_KEYS}
+    config = small_config(**{k: v for k, v in spec.items() if k not in WEIGHT_KEYS})
+    return config, random_state_dict(config, **weight_kwargs)
+
+
+def check_distinct(cases: list[dict]) -> None:
+    """Every greedy case of 32 tokens or more holds at least MIN_DISTINCT_GREEDY_IDS distinct ids."""
+    for case in cases:
+        ids = case["greedy_ids"]
+        assert len(ids) >= 32, f"{case['prompt']!r}: a greedy golden of {len(ids)} tokens (32 expected)"
+        distinct = len(set(ids[:32]))
+        assert distinct >= MIN_DISTINCT_GREEDY_IDS, (
+            f"{case['prompt']!r}: only {distinct} distinct ids in 32 greedy tokens: the model repeats itself "
+            f"(see random_gpt2.DISTINCT)")
+
+
 def golden_model(kind: str) -> tuple[Gpt2Config, dict[str, np.ndarray], dict]:
-    """(config, weights, metadata) of the 'logits' or 'greedy' golden model, hash-checked."""
+    """(config, weights, metadata) of the 'logits' or 'greedy' golden model, hash-checked; the greedy
+    one's continuations are checked not to repeat themselves (`check_distinct`)."""
     meta = json.loads((GOLDEN / f"{kind}.json").read_text())
-    spec = dict(meta["model"])
-    seed = spec.pop("seed")
-    config = small_config(**spec)
-    sd = random_state_dict(config, seed)
+    config, sd = build_model(meta["model"])
     assert weights_sha256(sd) == meta["weights_sha256"], (
         f"the random weights of the {kind!r} golden model changed (numpy's generator or "
         "tests/random_gpt2.py); rerun scripts/make_goldens.py"
     )
+    if "cases" in meta:
+        check_distinct(meta["cases"])
     return config, sd, meta
 
 

@@ -130,11 +130,14 @@ def test_prompt_forms(client, small_pipe):
 
 def test_n_choices_are_prompt_major_with_seed_plus_j(client, small_pipe):
     prompts = ["Once upon a time", "The meaning of life is"]
-    r = complete(client, prompt=prompts, n=3, seed=10, max_tokens=8)
+    # top_k: a draw from the long tail (temperature 1, no cut) can land on a neighbouring id when the
+    # choices decode as one batch instead of alone (float32 rounding of a GEMM against a GEMV).
+    top_k = {"top_k": 40}
+    r = complete(client, prompt=prompts, n=3, seed=10, max_tokens=8, extra_body=top_k)
     assert [c.index for c in r.choices] == list(range(6))
     for i, prompt in enumerate(prompts):
         for j in range(3):
-            alone = complete(client, prompt=prompt, seed=10 + j, max_tokens=8).choices[0]
+            alone = complete(client, prompt=prompt, seed=10 + j, max_tokens=8, extra_body=top_k).choices[0]
             assert r.choices[i * 3 + j].text == alone.text, (i, j)
     texts = [c.text for c in r.choices[:3]]
     assert len(set(texts)) > 1  # different seeds, different samples
@@ -226,8 +229,9 @@ def test_tokens_that_are_not_utf8_alone_are_bytes(client, token_texts):
 
 
 def test_stop_strings_are_cut_as_the_pipeline_cuts_them(client, small_pipe):
-    full = small_pipe.generate(PROMPT, max_new_tokens=8, temperature=0.0).text  # " parks pont Ce Ce ..."
-    stop = " Ce"
+    full = small_pipe.generate(PROMPT, max_new_tokens=8, temperature=0.0).text
+    stop = full[len(full) // 2:][:3]  # three characters from the middle of the greedy text
+    assert "\ufffd" not in stop and full.index(stop) > 0
     ref = small_pipe.generate(PROMPT, max_new_tokens=8, temperature=0.0, stop=[stop])
     r = complete(client, max_tokens=8, temperature=0, stop=stop)
     assert r.choices[0].text == ref.text == full[: full.index(stop)]
