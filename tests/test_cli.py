@@ -10,13 +10,16 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from cli_helpers import assert_one_line_error, offline_env
-from goldens import write_model_dir
+from goldens import golden_model, log_softmax, write_model_dir
 from random_gpt2 import random_state_dict, small_config
+from reference import hf_decode, hf_encode, reference_generate
 
 #: The summary line: the prompt's time is the time to the first new token, the new tokens' the rest.
-STATS = re.compile(r"^\[prompt \d+ tokens? in \d+\.\d\ds, \d+ new tokens in \d+\.\d\ds, \d+\.\d tok/s\]$")
+STATS = re.compile(r"^\[prompt (\d+) tokens? in (\d+\.\d\d)s, (\d+) new tokens in (\d+\.\d\d)s, "
+                   r"(\d+\.\d) tok/s\]$")
 
 
 @pytest.fixture
@@ -31,42 +34,122 @@ def run(args: list[str], env: dict[str, str], cwd: Path | None = None) -> subpro
                           stdin=subprocess.DEVNULL)
 
 
-def test_streams_text_and_stats(model_dir, env, pipe):
+@pytest.fixture(scope="module")
+def golden():
+    """The transformers greedy continuations of the model_dir model, by prompt (the independent
+    reference for greedy runs)."""
+    return {case["prompt"]: case for case in golden_model("greedy")[2]["cases"]}
+
+
+def json_run(args: list[str], env: dict[str, str]) -> dict:
+    proc = run(["--json", *args], env)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)  # exactly one object, nothing else on stdout
+
+
+def test_streams_text_and_stats(model_dir, env, golden):
+    case = golden["The quick brown fox"]
     args = ["The quick brown fox", "--model-dir", str(model_dir), "--max-new-tokens", "8", "--ignore-eos"]
     proc = run(args, env)
     assert proc.returncode == 0, proc.stderr
-    expected = pipe.generate("The quick brown fox", max_new_tokens=8, stop_at_eos=False).text
-    assert proc.stdout == expected + "\n"
-    assert STATS.match(proc.stderr.strip().splitlines()[-1]), proc.stderr
+    assert proc.stdout == hf_decode(case["greedy_ids"][:8]) + "\n"
+    stats = STATS.match(proc.stderr.strip().splitlines()[-1])
+    assert stats, proc.stderr
+    assert int(stats[1]) == len(case["prompt_ids"]) and int(stats[3]) == 8
 
 
 def test_json_output(model_dir, env, pipe):
-    proc = run(["Hello, world!", "--model-dir", str(model_dir), "--max-new-tokens", "6", "--json",
-                "--preset", "sample", "--seed", "3"], env)
-    assert proc.returncode == 0, proc.stderr
-    out = json.loads(proc.stdout)  # exactly one object, nothing else on stdout
+    out = json_run(["Hello, world!", "--model-dir", str(model_dir), "--max-new-tokens", "6", "--preset",
+                    "sample", "--seed", "3", "--ignore-eos"], env)
     assert set(out) == {"prompt_ids", "ids", "text", "finish_reason", "stop_reason", "backend", "new_tokens",
                         "seconds", "tokens_per_second"}
-    expected = pipe.generate("Hello, world!", max_new_tokens=6, temperature=0.8, top_k=40, seed=3)
-    assert out["prompt_ids"] == pipe.tokenizer.encode("Hello, world!")
-    assert out["ids"] == expected.ids and out["text"] == expected.text
-    assert out["finish_reason"] == expected.finish_reason
-    assert out["backend"] == "numpy" and out["new_tokens"] == len(expected.ids)
+    assert out["prompt_ids"] == hf_encode("Hello, world!")
+    assert out["ids"] == reference_generate(pipe, out["prompt_ids"], 6, temperature=0.8, top_k=40, seed=3)
+    assert out["text"] == hf_decode(out["ids"])
+    assert (out["finish_reason"], out["stop_reason"]) == ("length", None)
+    assert out["backend"] == "numpy" and out["new_tokens"] == 6
 
 
-def test_show_ids(model_dir, env, pipe):
-    args = ["Hello", "--model-dir", str(model_dir), "--max-new-tokens", "3", "--show-ids", "--ignore-eos"]
+def test_json_timings_agree_with_the_summary_line(model_dir, env):
+    # --json's seconds run from before the prefill to the last token, as the summary line's two times
+    # together; tokens_per_second is new_tokens / seconds.
+    args = ["Once upon a time", "--model-dir", str(model_dir), "--max-new-tokens", "40", "--ignore-eos"]
+    start = time.perf_counter()
+    out = json_run(args, env)
+    wall = time.perf_counter() - start
+    assert 0 < out["seconds"] < wall
+    assert out["tokens_per_second"] == pytest.approx(out["new_tokens"] / out["seconds"], abs=1e-3)
+    proc = run(args, env)
+    stats = STATS.match(proc.stderr.strip().splitlines()[-1])
+    assert stats, proc.stderr
+    _, prompt_s, n, rest_s, rate = stats.groups()
+    assert int(n) == out["new_tokens"] == 40
+    rest = float(rest_s)
+    if rest >= 0.05:  # shown to 0.01 s: the rate it implies is known to within that
+        assert (int(n) - 1) / (rest + 0.005) - 0.05 <= float(rate) <= (int(n) - 1) / (rest - 0.005) + 0.05
+
+
+def test_show_ids(model_dir, env, golden):
+    case = golden["Hello, world!"]
+    args = ["Hello, world!", "--model-dir", str(model_dir), "--max-new-tokens", "3", "--show-ids",
+            "--ignore-eos"]
     proc = run(args, env)
     assert proc.returncode == 0, proc.stderr
-    ids = pipe.generate("Hello", max_new_tokens=3, stop_at_eos=False).ids
-    assert f"prompt ids: {pipe.tokenizer.encode('Hello')}" in proc.stderr
-    assert f"new ids:    {ids}" in proc.stderr
+    assert f"prompt ids: {case['prompt_ids']}" in proc.stderr
+    assert f"new ids:    {case['greedy_ids'][:3]}" in proc.stderr
 
 
-def test_prompt_named_like_a_subcommand(model_dir, env, pipe):
-    proc = run(["--model-dir", str(model_dir), "--max-new-tokens", "1", "--json", "--", "backends"], env)
-    assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["prompt_ids"] == pipe.tokenizer.encode("backends")
+def test_prompt_named_like_a_subcommand(model_dir, env):
+    out = json_run(["--model-dir", str(model_dir), "--max-new-tokens", "1", "--", "backends"], env)
+    assert out["prompt_ids"] == hf_encode("backends")
+
+
+# ------------------------------------------------------------------- what the README says of the flags
+
+
+def test_explicit_flags_override_the_preset(model_dir, env, pipe, golden):
+    case = golden["Once upon a time"]
+    base = ["Once upon a time", "--model-dir", str(model_dir), "-n", "10", "--ignore-eos", "-s", "4"]
+    # --temperature 0 over --preset sample: greedy, the transformers ids.
+    out = json_run([*base, "--preset", "sample", "--temperature", "0"], env)
+    assert out["ids"] == case["greedy_ids"][:10]
+    # --top-k 5 over the preset's 40, the preset's temperature 0.8 kept.
+    out = json_run([*base, "--preset", "sample", "--top-k", "5"], env)
+    assert out["ids"] == reference_generate(pipe, case["prompt_ids"], 10, temperature=0.8, top_k=5, seed=4)
+    # --temperature over --preset greedy's 0.
+    out = json_run([*base, "--preset", "greedy", "--temperature", "1.3"], env)
+    assert out["ids"] == reference_generate(pipe, case["prompt_ids"], 10, temperature=1.3, seed=4)
+
+
+def test_top_p_on_the_command_line(model_dir, env, pipe):
+    ids = hf_encode("The capital of France is")
+    args = ["The capital of France is", "--model-dir", str(model_dir), "-n", "12", "--ignore-eos",
+            "--temperature", "1.1", "--top-p", "0.6", "--seed", "9"]
+    out = json_run(args, env)
+    assert out["ids"] == reference_generate(pipe, ids, 12, temperature=1.1, top_p=0.6, seed=9)
+    assert out["ids"] != reference_generate(pipe, ids, 12, temperature=1.1, seed=9)
+
+
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_threads_with_cpu_threaded(model_dir, env, golden, threads):
+    case = golden["The meaning of life is 42, they'LL say"]
+    out = json_run([case["prompt"], "--model-dir", str(model_dir), "-b", "cpu-threaded", "--threads", threads,
+                    "-n", "12", "--ignore-eos"], env)
+    assert out["backend"] == "cpu-threaded" and out["ids"] == case["greedy_ids"][:12]
+
+
+def test_threads_must_be_positive_with_cpu_threaded(model_dir, env):
+    assert_one_line_error(run(["Hi", "--model-dir", str(model_dir), "-b", "cpu-threaded", "--threads", "0"],
+                              env), "--threads")
+
+
+def test_same_seed_same_ids_across_processes(model_dir, env, pipe):
+    args = ["In 1969, astronauts", "--model-dir", str(model_dir), "-n", "16", "--ignore-eos", "-t", "1"]
+    first, second = (json_run([*args, "-s", "12345"], env)["ids"] for _ in range(2))
+    assert first == second
+    prompt = hf_encode("In 1969, astronauts")
+    assert first == reference_generate(pipe, prompt, 16, temperature=1.0, seed=12345)
+    assert json_run([*args, "-s", "12346"], env)["ids"] != first
 
 
 def test_backends_json(env):
@@ -207,13 +290,12 @@ def test_ctrl_c_stops_cleanly(tmp_path, env):
     assert "Traceback" not in err and "interrupted" in err
 
 
-def test_stdout_that_cannot_encode_the_text(model_dir, env, pipe):
+def test_stdout_that_cannot_encode_the_text(model_dir, env, golden):
     # A terminal or pipe in ASCII (or cp1252) must not kill the stream: unencodable characters become '?'.
-    kwargs = dict(max_new_tokens=24, temperature=1.0, stop_at_eos=False)
-    seed = next(s for s in range(50) if not pipe.generate("Hi", seed=s, **kwargs).text.isascii())
-    text = pipe.generate("Hi", seed=seed, **kwargs).text
-    args = ["Hi", "--model-dir", str(model_dir), "--max-new-tokens", "24", "--temperature", "1",
-            "--seed", str(seed), "--ignore-eos"]
+    case = golden["The capital of France is"]
+    text = hf_decode(case["greedy_ids"][:24])
+    assert not text.isascii()
+    args = [case["prompt"], "--model-dir", str(model_dir), "--max-new-tokens", "24", "--ignore-eos"]
     proc = subprocess.run([sys.executable, "-m", "inferno", *args], capture_output=True,
                           env=dict(env, PYTHONIOENCODING="ascii"), timeout=120, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr
@@ -236,53 +318,63 @@ def test_model_dir_that_is_a_file(tmp_path, env):
 
 
 def test_stop_and_penalty_flags(model_dir, env, pipe):
-    kwargs = dict(max_new_tokens=16, temperature=1.0, seed=4, stop_at_eos=False, repetition_penalty=1.2,
-                  presence_penalty=0.5, frequency_penalty=-0.5, logit_bias={11: -100, 13: 2.5})
-    plain = pipe.generate("Hi", **kwargs)
-    stop = plain.text[5:8]
-    expected = pipe.generate("Hi", stop=[stop, "\n\n"], **kwargs)
-    assert expected.finish_reason == "stop" and expected.text == plain.text[:5]
+    penalties = dict(repetition_penalty=1.2, presence_penalty=0.5, frequency_penalty=-0.5,
+                     logit_bias={11: -100, 13: 2.5})
+    prompt = hf_encode("Hi")
+    ids = reference_generate(pipe, prompt, 16, temperature=1.0, seed=4, **penalties)
+    text = hf_decode(ids)
+    stops = [text[5:8], "\n\n"]
+    assert "\ufffd" not in stops[0] and text.find(stops[0]) == 5
+    # The text ends right before the first stop string; the ids end with the token that completed it.
+    done = next(k for k in range(1, len(ids) + 1) if any(s in hf_decode(ids[:k]) for s in stops))
     args = ["Hi", "--model-dir", str(model_dir), "--max-new-tokens", "16", "--temperature", "1",
-            "--seed", "4", "--ignore-eos", "--stop", stop, "--stop", "\\n\\n", "--repetition-penalty", "1.2",
-            "--presence-penalty", "0.5", "--frequency-penalty", "-0.5", "--logit-bias", "11=-100",
+            "--seed", "4", "--ignore-eos", "--stop", stops[0], "--stop", "\\n\\n", "--repetition-penalty",
+            "1.2", "--presence-penalty", "0.5", "--frequency-penalty", "-0.5", "--logit-bias", "11=-100",
             "--logit-bias", "13=2.5"]
     proc = run(args, env)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout == expected.text + "\n"
-    out = json.loads(run([*args, "--json"], env).stdout)
-    assert out["ids"] == expected.ids and out["finish_reason"] == expected.finish_reason
-    assert out["stop_reason"] == expected.stop_reason
+    assert proc.stdout == text[:5] + "\n"
+    out = json_run(args, env)
+    assert out["ids"] == ids[:done] and out["text"] == text[:5]
+    assert (out["finish_reason"], out["stop_reason"]) == ("stop", stops[0])
 
 
-def test_json_logprobs(model_dir, env, pipe):
-    proc = run(["Hello", "--model-dir", str(model_dir), "--max-new-tokens", "4", "--ignore-eos", "--json",
-                "--logprobs", "2"], env)
-    assert proc.returncode == 0, proc.stderr
-    out = json.loads(proc.stdout)
-    expected = pipe.generate("Hello", max_new_tokens=4, stop_at_eos=False, logprobs=2)
-    assert [e["id"] for e in out["logprobs"]] == out["ids"] == expected.ids
-    for entry, lp in zip(out["logprobs"], expected.logprobs, strict=True):
-        text = pipe.tokenizer.decode
-        assert entry["logprob"] == pytest.approx(lp.logprob) and entry["text"] == text([lp.id])
-        assert [(t["id"], t["text"]) for t in entry["top"]] == [(i, text([i])) for i, _ in lp.top]
+def test_json_logprobs(model_dir, env, pipe, golden):
+    case = golden["Hello, world!"]
+    out = json_run([case["prompt"], "--model-dir", str(model_dir), "--max-new-tokens", "4", "--ignore-eos",
+                    "--logprobs", "2"], env)
+    assert [e["id"] for e in out["logprobs"]] == out["ids"] == case["greedy_ids"][:4]
+    for k, entry in enumerate(out["logprobs"]):
+        lp = log_softmax(pipe.logits(case["prompt_ids"] + out["ids"][:k])[-1])
+        top = sorted(range(len(lp)), key=lambda i: (-lp[i], i))[:2]
+        assert entry["logprob"] == pytest.approx(lp[entry["id"]], abs=1e-5)
+        assert entry["text"] == hf_decode([entry["id"]])
+        assert [(t["id"], t["text"]) for t in entry["top"]] == [(i, hf_decode([i])) for i in top]
+        assert [t["logprob"] for t in entry["top"]] == pytest.approx([lp[i] for i in top], abs=1e-5)
 
 
 def test_score_command(model_dir, env, pipe, tmp_path):
     text = "The quick brown fox jumps over the lazy dog. " * 4
+    ids = hf_encode(text)
+    assert len(ids) < pipe.config.n_positions  # one window: every token scored with all the ones before
+    lp = log_softmax(pipe.logits(ids))
+    logprobs = [float(lp[i - 1, ids[i]]) for i in range(1, len(ids))]
+    perplexity = float(np.exp(-sum(logprobs) / len(logprobs)))
     path = tmp_path / "text.txt"
     path.write_text(text, encoding="utf-8")
-    expected = pipe.score(text, stride=20)
     proc = run(["score", str(path), "--model-dir", str(model_dir), "--stride", "20", "--json"], env)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert set(out) == {"ids", "logprobs", "total_logprob", "perplexity", "stride"}
-    assert out["ids"] == expected.ids and out["stride"] == 20 and out["logprobs"][0] is None
-    assert out["perplexity"] == pytest.approx(expected.perplexity, rel=1e-12)
+    assert out["ids"] == ids and out["stride"] == 20 and out["logprobs"][0] is None
+    assert out["logprobs"][1:] == pytest.approx(logprobs, abs=1e-5)
+    assert out["total_logprob"] == pytest.approx(sum(logprobs), abs=1e-4)
+    assert out["perplexity"] == pytest.approx(perplexity, rel=1e-5)
     # Plain output: the perplexity alone on stdout; from stdin when no FILE is given.
     proc = subprocess.run([sys.executable, "-m", "inferno", "score", "--model-dir", str(model_dir)],
                           input=text, capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert float(proc.stdout) == pytest.approx(pipe.score(text).perplexity, rel=1e-5)
+    assert float(proc.stdout) == pytest.approx(perplexity, rel=1e-5)
     assert "perplexity over" in proc.stderr
 
 

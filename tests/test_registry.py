@@ -293,3 +293,161 @@ def test_plugin_distributions_end_to_end(tmp_path):
         assert proc.stderr.count(f"backend plugin {dist}:") == 1, proc.stderr
         assert why in proc.stderr
     assert "fake-good" not in proc.stderr and "1.2.3" not in proc.stderr
+
+
+# --------------------------------------------------------------- names taken, broken and repeated
+
+
+@pytest.mark.parametrize(("name", "builtin"), [("numpy", NumpyBackend), ("array-api", ArrayApiBackend),
+                                               ("cpu-threaded", None)])
+def test_a_plugin_cannot_take_a_builtins_name(fake_plugins, name, builtin):
+    from inferno.backends.threaded import ThreadedBackend
+
+    builtin = builtin or ThreadedBackend
+    impostor = backend_class(name, base=builtin)
+    fake_plugins(FakeEntryPoint("fake-impostor",
+                                plugin("fake-impostor", lambda register: register(impostor))))
+    with pytest.warns(BackendPluginWarning) as record:
+        infos = {i.name: i for i in list_backends()}
+    assert [str(w.message) for w in record] == [
+        f"inferno: backend plugin inferno-fake-impostor 1.0: registered {impostor.__qualname__} under the "
+        f"name {name!r}, already taken by built-in; skipped"]
+    assert get_backend_class(name) is builtin and infos[name].origin == "built-in" and infos[name].ok
+
+
+def test_a_name_taken_by_another_plugin_is_kept_by_the_first(fake_plugins):
+    first, second = backend_class("fake-dup"), backend_class("fake-dup")
+    fake_plugins(FakeEntryPoint("fake-a", plugin("fake-a", lambda register: register(first))),
+                 FakeEntryPoint("fake-b", plugin("fake-b", lambda register: register(second))))
+    with pytest.warns(BackendPluginWarning) as record:
+        info = get_backend_info("fake-dup") if list_backends() else None
+    assert [str(w.message) for w in record] == [
+        f"inferno: backend plugin inferno-fake-b 1.0: registered {second.__qualname__} under the name "
+        "'fake-dup', already taken by distribution 'inferno-fake-a'; skipped"]
+    assert get_backend_class("fake-dup") is first and info.origin == "inferno-fake-a"
+
+
+def test_the_same_class_registered_twice_is_not_a_conflict(fake_plugins):
+    cls = backend_class("fake-twice")
+    fake_plugins(FakeEntryPoint("fake-twice", plugin("fake-twice", lambda register: (register(cls),
+                                                                                      register(cls)))))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert get_backend_info("fake-twice").ok and get_backend_class("fake-twice") is cls
+
+
+@pytest.mark.parametrize("broken_first", [False, True])
+def test_a_broken_registration_does_not_replace_a_working_one(fake_plugins, broken_first):
+    good = backend_class("fake-dup")
+    not_a_backend = type("NotABackend", (), {"name": "fake-dup"})  # fails under the same name
+    eps = [FakeEntryPoint("fake-a", plugin("fake-a", lambda register: register(good))),
+           FakeEntryPoint("fake-b", plugin("fake-b", lambda register: register(not_a_backend)))]
+    if broken_first:  # third-party plugins register by distribution name: rename them to swap the order
+        eps[0].dist.name, eps[1].dist.name = "inferno-fake-z", "inferno-fake-b"
+    fake_plugins(*eps)
+    with pytest.warns(BackendPluginWarning, match="NotABackend'>, which is not a Backend subclass"):
+        list_backends()
+    info = get_backend_info("fake-dup")
+    assert info.ok and get_backend_class("fake-dup") is good
+    assert info.origin == ("inferno-fake-z" if broken_first else "inferno-fake-a")
+
+
+def test_an_import_failure_named_like_a_working_backend_leaves_it_working(fake_plugins):
+    good = backend_class("fake-good")
+    fake_plugins(FakeEntryPoint("fake-good", plugin("fake-good", lambda register: register(good))),
+                 FakeEntryPoint("fake-good", ImportError("broken copy")))
+    with pytest.warns(BackendPluginWarning, match="broken copy"):
+        assert get_backend_info("fake-good").ok if list_backends() else False
+    assert type(get_backend("fake-good")) is good
+
+
+def test_keyboard_interrupt_in_a_plugin_is_not_swallowed(fake_plugins):
+    fake_plugins(FakeEntryPoint("fake-ctrl-c", KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt):
+        list_backends()
+
+
+# ---------------------------------------------------------------------------- options, constructors
+
+
+class KeywordsBackend(NumpyBackend):
+    name = "fake-kwargs"
+    description = "takes any option"
+
+    def __init__(self, dtype: str = "float32", **options) -> None:
+        super().__init__(dtype=dtype)
+        self.options = options
+
+
+def test_a_backend_taking_any_keyword_gets_every_option(fake_plugins):
+    fake_plugins(FakeEntryPoint("fake-kwargs",
+                                plugin("fake-kwargs", lambda register: register(KeywordsBackend))))
+    be = get_backend("fake-kwargs:alpha=1,path=a=b,flag=TRUE,off=None", beta="x")
+    assert be.options == {"alpha": 1, "path": "a=b", "flag": True, "off": None, "beta": "x"}
+    assert be.dtype == np.float32
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ("x:path=a=b", ("x", {"path": "a=b"})),
+        ("x:url=k=v=w, n=-2", ("x", {"url": "k=v=w", "n": -2})),
+        ("x:e=", ("x", {"e": ""})),
+        ("x:f=1e3,g=NONE,h=False,i=0x10", ("x", {"f": 1000.0, "g": None, "h": False, "i": "0x10"})),
+        ("x : a = 1 ", ("x", {"a": 1})),
+    ],
+)
+def test_parse_backend_spec_values(spec, expected):
+    assert parse_backend_spec(spec) == expected
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("", "backend spec '' has no name (expected 'name[:key=value,...]')"),
+        ("numpy:dtype", "backend spec 'numpy:dtype': expected key=value, got 'dtype'"),
+        ("numpy:=3", "backend spec 'numpy:=3': expected key=value, got '=3'"),
+        ("numpy:a=1,a=2", "backend spec 'numpy:a=1,a=2': option 'a' given twice"),
+    ],
+)
+def test_parse_backend_spec_messages(spec, message):
+    with pytest.raises(BackendOptionError) as info:
+        parse_backend_spec(spec)
+    assert str(info.value) == message
+
+
+def test_a_backend_named_by_something_else_than_a_string():
+    with pytest.raises(TypeError, match=r"a backend is named by a str .* not int \(3\)"):
+        get_backend(3)  # type: ignore[arg-type]
+
+
+def test_a_constructor_failure_names_the_backend_and_its_distribution(fake_plugins):
+    def boom(self, **kwargs):
+        raise RuntimeError("no\n device")
+
+    def unavailable(self):
+        raise BackendUnavailableError("gone")
+
+    failing = backend_class("fake-boom", __init__=boom)
+    gone = backend_class("fake-gone", __init__=unavailable)
+    fake_plugins(FakeEntryPoint("fake-boom", plugin("fake-boom", lambda register: (register(failing),
+                                                                                    register(gone)))))
+    with pytest.raises(registry.BackendError) as info:
+        get_backend("fake-boom")
+    assert str(info.value) == ("backend 'fake-boom' (from inferno-fake-boom 1.0) failed to start: its "
+                               "constructor raised RuntimeError: no device")
+    with pytest.raises(BackendUnavailableError, match="^gone$"):
+        get_backend("fake-gone")
+
+
+def test_rejected_options_keep_the_backends_message(no_env):
+    with pytest.raises(BackendOptionError) as info:
+        get_backend("numpy:dtype=int8")
+    assert str(info.value).startswith("backend 'numpy' rejected its options {'dtype': 'int8'}: ")
+
+
+def test_backend_info_of_a_builtin(no_env):
+    info = get_backend_info("numpy")
+    assert info == registry.BackendInfo("numpy", NumpyBackend.description, "built-in", inferno.__version__,
+                                        "ok")
+    assert info.ok and not registry.BackendInfo("x", "", "o", "", "needs a GPU").ok

@@ -6,8 +6,9 @@ import math
 
 import numpy as np
 import pytest
+from reference import candidates, reference_draw
 
-from inferno.sampling import PRESETS, Sampler, SamplingParams
+from inferno.sampling import PRESETS, Sampler, SamplingError, SamplingParams
 
 
 def softmax(z: np.ndarray) -> np.ndarray:
@@ -75,6 +76,12 @@ def _draws(params: SamplingParams, logits: np.ndarray, n: int) -> list[int]:
 @pytest.mark.parametrize(
     ("kwargs", "name"),
     [
+        ({"temperature": True}, "temperature"),
+        ({"temperature": "0.5"}, "temperature"),
+        ({"top_p": True}, "top_p"),
+        ({"top_p": "0.5"}, "top_p"),
+        ({"top_k": True}, "top_k"),
+        ({"seed": True}, "seed"),
         ({"temperature": -0.1}, "temperature"),
         ({"temperature": float("nan")}, "temperature"),
         ({"temperature": float("inf")}, "temperature"),
@@ -87,12 +94,120 @@ def _draws(params: SamplingParams, logits: np.ndarray, n: int) -> list[int]:
     ],
 )
 def test_bad_params_name_the_parameter(kwargs, name):
-    with pytest.raises(ValueError, match=name):
+    with pytest.raises(SamplingError) as info:
         SamplingParams(**kwargs)
+    assert info.value.field == name
+    assert str(info.value) == f"{name} {info.value.reason}" and repr(kwargs[name]) in info.value.reason
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"temperature": -1}, "temperature must be a finite number >= 0, got -1"),
+        ({"top_k": -1}, "top_k must be an integer >= 0 (0 = off), got -1"),
+        ({"top_p": 0}, "top_p must be in (0, 1], got 0"),
+        ({"seed": -1}, "seed must be an integer >= 0, got -1"),
+    ],
+)
+def test_bad_params_messages(kwargs, message):
+    with pytest.raises(SamplingError) as info:
+        SamplingParams(**kwargs)
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"temperature": 0}, {"temperature": 2}, {"top_k": np.int64(3)}, {"top_p": 1}, {"top_p": 1e-9},
+     {"seed": 0}, {"seed": np.uint32(5)}],
+)
+def test_edge_values_are_accepted(kwargs):
+    assert getattr(SamplingParams(**kwargs), next(iter(kwargs))) == next(iter(kwargs.values()))
+
+
+def test_top_k_1_is_the_argmax():
+    logits = np.random.default_rng(4).standard_normal(300)
+    sampler = Sampler(SamplingParams(temperature=1.5, top_k=1, seed=0))
+    ids, probs = sampler.distribution(logits)
+    assert ids.tolist() == [int(np.argmax(logits))] and probs.tolist() == [1.0]
+    assert {sampler(logits) for _ in range(50)} == {int(np.argmax(logits))}
+
+
+def test_top_k_of_all_but_one_drops_only_the_least_likely():
+    logits = np.random.default_rng(5).standard_normal(300)
+    ids, probs = Sampler(SamplingParams(temperature=0.7, top_k=299)).distribution(logits)
+    assert sorted(ids.tolist()) == sorted(set(range(300)) - {int(np.argmin(logits))})
+    ref_ids, ref_probs = candidates(logits, 0.7, top_k=299)
+    assert ids.tolist() == ref_ids
+    np.testing.assert_allclose(probs, ref_probs, rtol=1e-12)
+
+
+@pytest.mark.parametrize("top_k", [300, 1000])
+def test_top_k_of_the_whole_vocabulary_keeps_every_id_most_likely_first(top_k):
+    logits = np.random.default_rng(6).standard_normal(300)
+    ids, probs = Sampler(SamplingParams(temperature=1.0, top_k=top_k)).distribution(logits)
+    ref_ids, ref_probs = candidates(logits, 1.0)
+    assert ids.tolist() == ref_ids
+    np.testing.assert_allclose(probs, ref_probs, rtol=1e-12)
+
+
+def test_top_p_on_unsorted_logits():
+    # Probabilities .05, .5, .15, .3: most likely first that is 1 (.5) then 3 (.3), which crosses .6.
+    logits = np.log(np.array([0.05, 0.5, 0.15, 0.3]))
+    ids, probs = Sampler(SamplingParams(temperature=1.0, top_p=0.6)).distribution(logits)
+    assert ids.tolist() == [1, 3]
+    np.testing.assert_allclose(probs, [0.5 / 0.8, 0.3 / 0.8])
+    sampler = Sampler(SamplingParams(temperature=1.0, top_p=0.6, seed=1))
+    assert {sampler(logits) for _ in range(200)} == {1, 3}
+
+
+def test_candidates_come_most_likely_first_ties_by_id():
+    logits = np.array([1.0, 3.0, 3.0, 2.0, 3.0, 0.5])
+    ids, _ = Sampler(SamplingParams(temperature=1.0, top_k=4)).distribution(logits)
+    assert ids.tolist() == [1, 2, 4, 3]
+    ids, _ = Sampler(SamplingParams(temperature=1.0, top_p=0.99)).distribution(logits)
+    assert ids.tolist() == [1, 2, 4, 3, 0, 5][: len(ids)] and len(ids) >= 5
+
+
+def test_without_a_cut_the_candidates_are_every_id_in_order():
+    logits = np.random.default_rng(7).standard_normal(200)
+    for t in (1.0, 0.6):
+        ids, probs = Sampler(SamplingParams(temperature=t)).distribution(logits)
+        assert ids.tolist() == list(range(200))
+        np.testing.assert_allclose(probs, np.exp(logits / t) / np.exp(logits / t).sum(), rtol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("temperature", "top_k", "top_p"),
+    [(1.0, 0, 1.0), (0.7, 0, 1.0), (2.5, 0, 1.0), (0.8, 40, 1.0), (1.0, 0, 0.9), (1.3, 50, 0.7),
+     (1.0, 1, 1.0)],
+)
+def test_draws_equal_the_reference_inverse_cdf(temperature, top_k, top_p):
+    # One rng.random() per token, the first candidate whose cumulative mass exceeds it: the same ids
+    # as a draw written from the definition, for the fast path without a cut and the sorted one.
+    logits = np.random.default_rng(8).standard_normal(2000).astype(np.float32) * 2
+    sampler = Sampler(SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=11))
+    rng = np.random.default_rng(11)
+    ours = [sampler(logits) for _ in range(300)]
+    assert ours == [reference_draw(logits, rng, temperature, top_k, top_p) for _ in range(300)]
+    assert len(set(ours)) == 1 if top_k == 1 else len(set(ours)) > 20
+
+
+def test_a_draw_at_the_very_top_of_the_cdf_stays_in_range():
+    class One:  # an rng whose draw is as high as it gets: u * total reaches the last bin's edge
+        def random(self):
+            return 1.0
+
+    logits = np.array([0.0, 1.0, 2.0])
+    for params in (SamplingParams(temperature=1.0), SamplingParams(temperature=1.0, top_k=2)):
+        sampler = Sampler(params)
+        sampler.rng = One()
+        assert sampler(logits) == (2 if params.top_k == 0 else 1)
+
 
 
 def test_sample_preset_is_temperature_08_top_k_40():
     assert PRESETS["sample"] == {"temperature": 0.8, "top_k": 40, "top_p": 1.0}
+    assert PRESETS["greedy"] == {"temperature": 0.0, "top_k": 0, "top_p": 1.0}
 
 
 def test_tiny_temperature_is_almost_greedy():
@@ -100,3 +215,4 @@ def test_tiny_temperature_is_almost_greedy():
     logits = np.random.default_rng(3).standard_normal(1000).astype(np.float32) * 5
     for t in (1e-3, 1e-200, 1e-320):
         assert Sampler(SamplingParams(temperature=t, seed=0))(logits) == int(np.argmax(logits))
+        assert Sampler(SamplingParams(temperature=t, top_k=5, seed=0))(logits) == int(np.argmax(logits))

@@ -303,7 +303,43 @@ def _broken(change) -> str:
             _broken(lambda d: d["model"].update(merges=["a b", "b c"])),
             r"model.merges\[1\].*'bc'.*not in model.vocab",
         ),
-        (_broken(lambda d: d["model"]["vocab"].pop("a")), "lacks the byte-level tokens|'a', which is not in"),
+        # The merges are checked first: the merge "a b" names the missing token.
+        (_broken(lambda d: d["model"]["vocab"].pop("a")),
+         r"model.merges\[0\] \('a b'\) uses 'a', which is not in model.vocab"),
+        (_broken(lambda d: d["model"].update(merges=["a b", "zz b"])),
+         r"model.merges\[1\] \('zz b'\) uses 'zz', which is not in model.vocab"),
+        (_broken(lambda d: d["model"].update(merges=[["a", "zz"]])),
+         r"model.merges\[0\] \(\['a', 'zz'\]\) uses 'zz', which is not in model.vocab"),
+        (_broken(lambda d: d["model"].update(merges=["a "])), r"model.merges\[0\] is not two tokens"),
+        (_broken(lambda d: d["model"].update(merges=[["a", ""]])), r"model.merges\[0\] is not two tokens"),
+        (_broken(lambda d: d["model"].update(merges=[["a", 3]])), r"model.merges\[0\] is not two tokens"),
+        (_broken(lambda d: d["model"]["vocab"].update({"a b": 300, "a bc": 301}) or
+                 d["model"].update(merges=["a b", ["a b", "c"]])),
+         "model.merges has a token with a space in it"),
+        (_broken(lambda d: d["model"]["vocab"].update(ab=10**6)),
+         r"ids are far too sparse \(258 tokens, largest id 1000000\)"),
+        (_broken(lambda d: d["added_tokens"].append({"id": 258, "content": ""})),
+         "special token '' is not a non-empty string"),
+        (_broken(lambda d: d["added_tokens"].append({"id": 257, "content": "<|other|>"})),
+         "added tokens '<|endoftext|>' and '<|other|>' share id 257"),
+        (_broken(lambda d: d["added_tokens"].append({"id": 258, "content": "<|endoftext|>"})),
+         r"added_tokens\[1\] \('<\|endoftext\|>'\) repeats an added token with another id \(257 and 258\)"),
+        (_broken(lambda d: d["added_tokens"].append({"id": 256, "content": "xy"})),
+         "special token 'xy' reuses id 256 of model.vocab token b'ab'"),
+        (_broken(lambda d: d["model"]["vocab"].update({"ab": 256, "cd": 259})),
+         r"no token has id 258: the ids of model.vocab and added_tokens must run from 0 to 259 without gaps"),
+        (_broken(lambda d: d["model"].update(end_of_word_suffix="</w>")),
+         "model.end_of_word_suffix '</w>' is not supported"),
+        (_broken(lambda d: d["pre_tokenizer"].update(use_regex=False)),
+         "pre_tokenizer ByteLevel with add_prefix_space or without use_regex is not supported"),
+        (_broken(lambda d: d.update(pre_tokenizer="ByteLevel")),
+         "pre_tokenizer must be ByteLevel, found 'ByteLevel'"),
+        (_broken(lambda d: d["added_tokens"][0].update(rstrip=True)), "sets rstrip: not supported"),
+        (_broken(lambda d: d["added_tokens"][0].update(single_word=True, lstrip=True)),
+         "sets lstrip, single_word: not supported"),
+        (_broken(lambda d: d.update(added_tokens=[5])), r"added_tokens\[0\] needs 'id' and 'content'"),
+        (_broken(lambda d: d.update(added_tokens=[{"id": 258, "content": 5}])),
+         r"added_tokens\[0\] needs 'id' and 'content'"),
         (_broken(lambda d: d["model"]["vocab"].pop("Ġ")), r"lacks the byte-level tokens for bytes \[32\]"),
         (_broken(lambda d: d["model"]["vocab"].update(ab="x")), "token 'ab' has id 'x'"),
         (_broken(lambda d: d["model"]["vocab"].update(ab=-3)), "token 'ab' has id -3"),
@@ -328,6 +364,90 @@ def test_bad_tokenizer_json(tmp_path: Path, content: str | bytes, message: str) 
         Tokenizer.from_file(path)
     assert str(path) in str(info.value)
     assert isinstance(info.value, ValueError)
+
+
+def _tokenizer(tmp_path: Path, change) -> Tokenizer:
+    return Tokenizer.from_file(_write(tmp_path, _broken(change)))
+
+
+def test_a_duplicate_merge_keeps_its_first_rank(tmp_path: Path) -> None:
+    # "a b" before "b c": "abc" merges to "ab" + "c". Were the repeat's later rank kept, "b c" would win.
+    def change(d):
+        d["model"]["vocab"]["bc"] = 257
+        d["added_tokens"][0]["id"] = 258
+        d["model"]["merges"] = ["a b", "b c", "a b"]
+
+    tok = _tokenizer(tmp_path, change)
+    assert tok.encode("abc") == [256, tok.encode("c")[0]]
+    change_pairs = lambda d: change(d) or d["model"].update(merges=[["a", "b"], ["b", "c"], ["a", "b"]])  # noqa: E731
+    assert _tokenizer(tmp_path, change_pairs).encode("abc") == [256, tok.encode("c")[0]]
+    # Without the repeat, the order of the merges decides.
+    reordered = lambda d: change(d) or d["model"].update(merges=["b c", "a b"])  # noqa: E731
+    assert _tokenizer(tmp_path, reordered).encode("abc") == [tok.encode("a")[0], 257]
+
+
+def test_merges_without_any_leave_every_piece_as_bytes(tmp_path: Path) -> None:
+    tok = _tokenizer(tmp_path, lambda d: d["model"].update(merges=[]))
+    assert tok.encode("abab") == [tok.encode("a")[0], tok.encode("b")[0]] * 2
+    assert tok.encode("ab") == [256]  # a whole token is one lookup, merges or not
+
+
+def test_the_longest_special_token_wins(tmp_path: Path) -> None:
+    def change(d):
+        d["added_tokens"] += [{"id": 258, "content": "<|x|>"}, {"id": 259, "content": "<|x|>y"}]
+
+    tok = _tokenizer(tmp_path, change)
+    assert tok.encode("<|x|>y<|x|>z", allow_special=True) == [259, 258, tok.encode("z")[0]]
+    assert tok.special_tokens == {"<|endoftext|>": 257, "<|x|>": 258, "<|x|>y": 259}
+
+
+def test_eos_only_in_the_vocabulary(tmp_path: Path) -> None:
+    def change(d):
+        d["added_tokens"] = []
+        d["model"]["vocab"]["<|endoftext|>"] = 257
+
+    tok = _tokenizer(tmp_path, change)
+    assert tok.eos_id == 257 and tok.special_tokens == {} and len(tok) == 258
+    assert tok.decode([257]) == "<|endoftext|>"
+    # Not an added token: matched by the pre-tokenizer like any text, so not as one piece.
+    assert tok.encode("<|endoftext|>", allow_special=True) == tok.encode("<|endoftext|>") != [257]
+
+
+def test_no_eos_anywhere(tmp_path: Path) -> None:
+    tok = _tokenizer(tmp_path, lambda d: d.update(added_tokens=[]))
+    assert tok.eos_id is None and len(tok) == 257
+    assert tok.encode("<|endoftext|>", allow_special=True) == tok.encode("<|endoftext|>")
+
+
+def test_an_added_token_may_repeat_a_vocabulary_token_with_its_id(tmp_path: Path) -> None:
+    def change(d):
+        d["added_tokens"].append({"id": 256, "content": "ab"})
+
+    tok = _tokenizer(tmp_path, change)
+    assert tok.encode("xab", allow_special=True) == [tok.encode("x")[0], 256]
+    assert tok.special_tokens["ab"] == 256
+
+
+def test_the_same_added_token_twice_with_its_id(tmp_path: Path) -> None:
+    tok = _tokenizer(tmp_path, lambda d: d["added_tokens"].append(dict(d["added_tokens"][0])))
+    assert tok.special_tokens == {"<|endoftext|>": 257}
+
+
+def test_ids_may_be_somewhat_sparse_only_if_they_have_no_gaps(tmp_path: Path) -> None:
+    # The bound: ids up to 10 per token + 1024 (258 tokens: ids below 3604); past it, too sparse.
+    with pytest.raises(TokenizerError, match=r"ids are far too sparse \(258 tokens, largest id 3604\)"):
+        _tokenizer(tmp_path, lambda d: d["model"]["vocab"].update(ab=3604))
+    # Below it, the gaps are named: 256 and 258-3602, the first eight shown.
+    with pytest.raises(TokenizerError, match=r"no token has id 256, 258, 259, 260, 261, 262, 263, 264, "
+                                             r"\.\.\. \(3338 more\): .* from 0 to 3603 without gaps"):
+        _tokenizer(tmp_path, lambda d: d["model"]["vocab"].update(ab=3603))
+    with pytest.raises(TokenizerError, match=r"no token has id 256: the ids"):
+        _tokenizer(tmp_path, lambda d: d["model"]["vocab"].update(ab=258))
+
+
+def test_repr_names_the_source(tmp_path: Path) -> None:
+    path = _write(tmp_path, json.dumps(_minimal()))
+    assert repr(Tokenizer.from_file(path)) == f"Tokenizer({str(path)!r}, vocab_size=258)"
 
 
 def test_missing_file_is_an_os_error(tmp_path: Path) -> None:

@@ -310,12 +310,35 @@ def test_wrong_width_reports_every_tensor_and_caps_the_message(tmp_path):
 def test_missing_file(tmp_path, cfg):
     path = tmp_path / "nope.safetensors"
     e = load_error(path, cfg)
-    assert "not found" in str(e)
+    assert e.problems == ["file not found"] and e.path == str(path)
+    assert str(e) == f"cannot load GPT-2 weights from {path}: file not found"
 
 
 def test_directory(tmp_path, cfg):
     e = load_error(tmp_path, cfg)
-    assert "directory" in str(e)
+    assert e.problems == ["is a directory, expected a .safetensors file"]
+
+
+def test_a_named_pipe_is_refused_without_blocking(tmp_path, cfg):
+    path = tmp_path / "m.safetensors"
+    os.mkfifo(path)
+    e = load_error(path, cfg)
+    assert len(e.problems) == 1 and "named pipe" in e.problems[0]
+    with pytest.raises(WeightsError, match="named pipe"):
+        read_safetensors_header(path)
+
+
+@pytest.mark.parametrize(
+    ("error", "problem"),
+    [(PermissionError(13, "Permission denied"), "cannot open file: Permission denied"),
+     (OSError("no strerror here"), "cannot open file: no strerror here")],
+)
+def test_an_os_error_on_open_is_a_weights_error(tmp_path, monkeypatch, cfg, error, problem):
+    def refuse(path, **kwargs):
+        raise error
+
+    monkeypatch.setattr(weights_module, "open_regular_file", refuse)
+    assert load_error(tmp_path / "m.safetensors", cfg).problems == [problem]
 
 
 @pytest.mark.parametrize("content", [b"", b"\x01\x02\x03"])
@@ -335,7 +358,20 @@ def test_header_length_bigger_than_file(tmp_path, cfg):
 def test_absurd_header_length(tmp_path, cfg):
     path = tmp_path / "m.safetensors"
     path.write_bytes((2**63).to_bytes(8, "little") + b"{}")
-    assert "header length" in str(load_error(path, cfg))
+    assert load_error(path, cfg).problems == [
+        f"header length {2**63} is bigger than the rest of the file (2 bytes): truncated or not a "
+        f"safetensors file; {weights_module._DAMAGED}"]
+
+
+def test_the_header_size_limit(tmp_path, monkeypatch):
+    path = write_safetensors_raw(tmp_path / "m.safetensors", {"x": ("F32", (2,), b"\0" * 8)})
+    header_len = int.from_bytes(path.read_bytes()[:8], "little")
+    monkeypatch.setattr(weights_module, "_MAX_HEADER_BYTES", header_len)
+    assert set(read_safetensors_header(path).tensors) == {"x"}  # exactly at the limit: fine
+    monkeypatch.setattr(weights_module, "_MAX_HEADER_BYTES", header_len - 1)
+    with pytest.raises(WeightsError) as info:
+        read_safetensors_header(path)
+    assert info.value.problems == [f"header length {header_len} exceeds the {header_len - 1}-byte limit"]
 
 
 @pytest.mark.parametrize(
@@ -347,15 +383,46 @@ def test_absurd_header_length(tmp_path, cfg):
         (b'{"a": {"shape": [' + b"9" * 5000 + b"]}}", ["not valid JSON"]),  # too long for int()
         (b"[1, 2]", ["JSON object", "list"]),
         (b'{"a": 3}', ["'a'", "must be an object"]),
-        (b'{"__metadata__": {"x": 1}}', ["__metadata__"]),
     ],
 )
 def test_bad_header(tmp_path, cfg, header, words):
     path = tmp_path / "m.safetensors"
     path.write_bytes(len(header).to_bytes(8, "little") + header)
     e = load_error(path, cfg)
+    assert len(e.problems) == 1
     for word in words:
-        assert word in str(e)
+        assert word in e.problems[0]
+
+
+@pytest.mark.parametrize("metadata", [{"x": 1}, "pt", ["format", "pt"], {"a": "b", "c": None}])
+def test_metadata_must_be_an_object_of_strings(tmp_path, cfg, metadata):
+    header = json.dumps({"__metadata__": metadata}).encode()
+    path = tmp_path / "m.safetensors"
+    path.write_bytes(len(header).to_bytes(8, "little") + header)
+    assert load_error(path, cfg).problems == ["'__metadata__' must be an object of strings"]
+
+
+def test_null_or_empty_metadata_is_no_metadata(tmp_path):
+    for metadata in (None, {}):
+        header = json.dumps({"__metadata__": metadata, "x": {"dtype": "F32", "shape": [1],
+                                                             "data_offsets": [0, 4]}}).encode()
+        path = tmp_path / "m.safetensors"
+        path.write_bytes(len(header).to_bytes(8, "little") + header + b"\0" * 4)
+        header = read_safetensors_header(path)
+        assert header.metadata == {} and set(header.tensors) == {"x"}
+
+
+def test_the_parsed_header(tmp_path):
+    path = write_safetensors_raw(tmp_path / "m.safetensors", {"a": ("F32", (2,), b"\0" * 8),
+                                                              "b": ("F16", (3, 1), b"\0" * 6)},
+                                 metadata={"format": "pt"})
+    header = read_safetensors_header(path)
+    start = 8 + int.from_bytes(path.read_bytes()[:8], "little")
+    assert header.data_start == start and header.file_size == start + 14
+    assert header.tensors == {
+        "a": weights_module.TensorInfo("a", "F32", (2,), start, start + 8),
+        "b": weights_module.TensorInfo("b", "F16", (3, 1), start + 8, start + 14)}
+    assert header.tensors["b"].nbytes == 6 and header.metadata == {"format": "pt"}
 
 
 def raw_file(tmp_path, override: dict, extra: bytes = b"") -> os.PathLike:
@@ -380,6 +447,11 @@ def raw_file(tmp_path, override: dict, extra: bytes = b"") -> os.PathLike:
         ({"b": {"dtype": "F32", "shape": [3], "data_offsets": [8.0, 20.0]}}, ["'b'", "data_offsets"]),
         ({"b": {"dtype": "F32", "shape": [3]}}, ["'b'", "data_offsets"]),
         ({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, ["gap of 4 bytes", "'b'"]),
+        ({"b": {"dtype": "F32", "shape": [3], "data_offsets": [-4, 8]}}, ["'b'", "non-negative"]),
+        ({"b": {"dtype": "F32", "shape": [3], "data_offsets": [False, 12]}}, ["'b'", "data_offsets"]),
+        ({"b": {"dtype": "F32", "shape": [True], "data_offsets": [8, 12]}}, ["'b'", "shape"]),
+        ({"b": {"dtype": "F32", "shape": [3], "data_offsets": [8, 8]}}, ["'b'", "hold 0 bytes", "needs 12"]),
+        ({"b": {"dtype": "F32", "shape": [3], "data_offsets": [8, 20, 20]}}, ["'b'", "data_offsets"]),
     ],
 )
 def test_bad_offsets(tmp_path, cfg, override, words):
@@ -392,7 +464,68 @@ def test_bad_offsets(tmp_path, cfg, override, words):
 
 def test_trailing_bytes(tmp_path, cfg):
     e = load_error(raw_file(tmp_path, {}, extra=b"junk"), cfg)
-    assert "4 unused bytes" in str(e)
+    assert e.problems == ["4 unused bytes after the last tensor's data"]
+
+
+def test_offsets_problems_exactly(tmp_path):
+    def problems(override: dict) -> list[str]:
+        with pytest.raises(WeightsError) as info:
+            read_safetensors_header(raw_file(tmp_path, override))
+        return info.value.problems
+
+    # (an overlap, not also the 4 bytes it leaves at the end: only the first problem of the layout)
+    assert problems({"b": {"dtype": "F32", "shape": [3], "data_offsets": [4, 16]}}) == [
+        "tensor 'b' data overlaps tensor 'a'"]
+    assert problems({"b": {"dtype": "F32", "shape": [3], "data_offsets": [12, 8]}}) == [
+        "tensor 'b': 'data_offsets' [12, 8] has begin after end"]
+    assert problems({"b": {"dtype": "F32", "shape": [3], "data_offsets": [8, 24]}}) == [
+        "tensor 'b': data_offsets [8, 24] run past the end of the file (data section is 20 bytes): "
+        "file truncated?"]
+    assert problems({"b": {"dtype": "F32", "shape": [2], "data_offsets": [8, 20]}}) == [
+        "tensor 'b': data_offsets [8, 20] hold 12 bytes, but F32 [2] needs 8"]
+    assert problems({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}) == [
+        "gap of 4 bytes in the data section before tensor 'b'"]
+    assert problems({"b": {"dtype": 4, "shape": "3", "data_offsets": [8]}}) == [
+        "tensor 'b': 'dtype' must be a string, found 4; 'shape' must be a list of non-negative integers, "
+        "found '3'; 'data_offsets' must be [begin, end] non-negative integers, found [8]"]
+
+
+def test_zero_size_tensors(tmp_path):
+    # A [0, 3] tensor holds no bytes: anywhere in the data section, at its very end, or alone. (GPT-2's
+    # own tensors are never empty: a config has no zero size.)
+    entries = {"a": ("F32", (2,), b"\1" * 8), "empty": ("F16", (0, 3), b""), "b": ("F32", (3,), b"\2" * 12),
+               "last": ("BF16", (4, 0), b"")}
+    path = write_safetensors_raw(tmp_path / "m.safetensors", entries)
+    header = read_safetensors_header(path)
+    assert header.tensors["empty"].nbytes == 0 and header.tensors["empty"].shape == (0, 3)
+    assert header.tensors["last"].start == header.tensors["last"].end == header.file_size
+    alone = write_safetensors_raw(tmp_path / "e.safetensors", {"empty": ("F32", (0,), b"")})
+    assert read_safetensors_header(alone).tensors["empty"].start == alone.stat().st_size
+
+
+def test_a_dtype_the_format_does_not_define_passes_the_header_and_is_refused_by_the_loader(tmp_path, cfg, sd):
+    tensors = hub_layout(sd, cfg)
+    entries = {k: ("F32", v.shape, np.ascontiguousarray(v, "<f4").tobytes()) for k, v in tensors.items()}
+    entries["ln_f.bias"] = ("Q7", (cfg.n_embd,), b"\0" * 3)  # its size per element is unknown: not checked
+    path = write_safetensors_raw(tmp_path / "m.safetensors", entries)
+    assert read_safetensors_header(path).tensors["ln_f.bias"].nbytes == 3
+    assert load_error(path, cfg).problems == [
+        "tensor 'ln_f.bias' has unsupported dtype Q7 (supported: F32, F16, BF16)"]
+
+
+@pytest.mark.parametrize("n", [1, 2, 40, 41, 45])
+def test_the_message_lists_up_to_40_problems(tmp_path, n):
+    problems = [f"problem {i}" for i in range(n)]
+    e = WeightsError(tmp_path / "m.safetensors", problems)
+    assert e.problems == problems and e.path == str(tmp_path / "m.safetensors")
+    head = f"cannot load GPT-2 weights from {tmp_path / 'm.safetensors'}: "
+    if n == 1:
+        assert str(e) == head + "problem 0"
+        return
+    lines = str(e).split("\n")
+    assert lines[0] == head + f"{n} problems:"
+    assert lines[1 : 1 + min(n, 40)] == [f"  - problem {i}" for i in range(min(n, 40))]
+    assert lines[41:] == ([f"  ... and {n - 40} more (see WeightsError.problems)"] if n > 40 else [])
 
 
 def test_several_header_problems_at_once(tmp_path, cfg):
@@ -423,15 +556,20 @@ def test_header_corruption_never_escapes_as_another_exception(tmp_path, cfg, sd)
     header_end = 8 + int.from_bytes(data[:8], "little")
     rng = random.Random(1)
     bad = tmp_path / "bad.safetensors"
+    refused = 0
     for _ in range(300):
         corrupt = bytearray(data[:header_end])
         for _ in range(rng.randint(1, 4)):
             corrupt[rng.randrange(len(corrupt))] = rng.choice(b'0123456789[]{}",:-.eE \x00\xff')
         bad.write_bytes(bytes(corrupt) + data[header_end:])
         try:
-            load_weights(bad, cfg)
-        except WeightsError:
-            pass
+            w = load_weights(bad, cfg)  # anything but a WeightsError fails the test
+        except WeightsError as e:
+            assert e.problems and str(bad) in str(e)
+            refused += 1
+        else:  # the corruption left a valid header (a space in padding, a digit of equal value)
+            assert set(w) == set(sd)
+    assert refused >= 200  # most corruptions break the header
 
 
 def test_file_truncated_while_loading(tmp_path, monkeypatch, cfg, sd):
@@ -446,6 +584,56 @@ def test_file_truncated_while_loading(tmp_path, monkeypatch, cfg, sd):
     monkeypatch.setattr(weights_module, "_parse_header", parse_then_truncate)
     e = load_error(path, cfg)
     assert "file ended while reading tensor" in str(e)
+
+
+def _truncate_after_the_header_is_read(monkeypatch, path, size: int) -> None:
+    parse = weights_module._parse_header
+
+    def parse_then_truncate(f, p, file_size):
+        header = parse(f, p, file_size)
+        os.truncate(path, size)  # someone overwrites the file under us
+        return header
+
+    monkeypatch.setattr(weights_module, "_parse_header", parse_then_truncate)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fortran", [False, True])
+def test_truncated_while_loading_names_the_tensor(tmp_path, monkeypatch, cfg, sd, dtype, fortran):
+    # The last tensor read is cut 2 bytes short: every dtype's reader, C or Fortran order.
+    path = write_hub_safetensors(tmp_path / "m.safetensors", sd, cfg, dtype)
+    header = read_safetensors_header(path)
+    last = max((t for t in header.tensors.values() if ".attn.bias" not in t.name), key=lambda t: t.end)
+    _truncate_after_the_header_is_read(monkeypatch, path, last.end - 2)
+    with pytest.raises(WeightsError) as info:
+        load_weights(path, cfg, (lambda name: "F") if fortran else None)
+    assert info.value.problems == [
+        f"file ended while reading tensor '{last.name}' (file truncated while loading?)"]
+
+
+def _untied_file(path, sd, head, dtype="F32"):
+    """A save_pretrained-style file whose lm_head.weight is stored last."""
+    from random_gpt2 import _encode, save_pretrained_layout
+
+    tensors = save_pretrained_layout(sd, lm_head=head)
+    order = sorted(tensors, key=lambda k: k == "lm_head.weight")
+    return write_safetensors_raw(path, {k: _encode(tensors[k], dtype) for k in order})
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_truncated_untied_lm_head_is_a_weights_error(tmp_path, monkeypatch, cfg, sd, dtype):
+    head = sd["wte.weight"].copy()
+    head[0, 0] += 1.0  # differs in its first row: the comparison stops there, the full read hits the end
+    path = _untied_file(tmp_path / "m.safetensors", sd, head, dtype)
+    header = read_safetensors_header(path)
+    assert max(header.tensors.values(), key=lambda t: t.end).name == "lm_head.weight"
+    np.testing.assert_array_equal(load_weights(path, cfg)["lm_head.weight"],
+                                  stored_state_dict({"x": head}, dtype)["x"])
+    _truncate_after_the_header_is_read(monkeypatch, path, header.file_size - 1)
+    with pytest.raises(WeightsError) as info:
+        load_weights(path, cfg)
+    assert info.value.problems == [
+        "file ended while reading tensor 'lm_head.weight' (file truncated while loading?)"]
 
 
 def test_weights_error_is_a_value_error():
