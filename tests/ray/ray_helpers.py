@@ -58,21 +58,33 @@ def reports(stderr: str, prog: str) -> list[str]:
 
 
 def processes(title: str) -> list[int]:
-    """Pids of the processes whose command line (Ray sets it to the actor's name) holds `title`."""
-    pids = []
+    """Pids of the live processes whose command line (Ray sets it to the actor's name) holds `title`,
+    among the descendants of this process: the Ray cluster the tests started, not another on the
+    machine."""
+    parents, found = {}, []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
             with open(f"/proc/{entry}/cmdline", "rb") as f:
                 cmdline = f.read().decode(errors="replace")
-            with open(f"/proc/{entry}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if title in cmdline and state != "Z":
-            pids.append(int(entry))
-    return sorted(pids)
+        parents[int(entry)] = int(fields[1])
+        if title in cmdline and fields[0] != "Z":
+            found.append(int(entry))
+    me = os.getpid()
+
+    def ours(pid: int) -> bool:
+        while pid > 1:
+            pid = parents.get(pid, 0)
+            if pid == me:
+                return True
+        return False
+
+    return sorted(pid for pid in found if ours(pid))
 
 
 def wait_for(what: str, check: Callable[[], object], timeout: float, interval: float = 0.1) -> object:
