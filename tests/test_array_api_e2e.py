@@ -4,7 +4,7 @@ command line, and scores text to its numbers.
 
 ``array_api_strict`` (the test extra) raises on anything outside the standard, so it proves the model,
 the loops and the kernels portable; ``jax.numpy`` (immutable arrays, compiled per shape) and
-``dask.array`` (lazy) are extra namespaces, tested where installed (the ``array-api-extra`` extra)."""
+``dask.array`` (lazy) are extra namespaces, tested where installed (the ``array-api-namespaces`` extra)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def _namespace(module: str, install: str):
     top = module.split(".")[0]
     found = importlib.util.find_spec(top) is not None
     return pytest.param(module, id=top, marks=() if found else pytest.mark.skip(
-        reason=f"{top} is not installed (pip install {install!r}, or the array-api-extra extra)"))
+        reason=f"{top} is not installed (pip install {install!r}, or the array-api-namespaces extra)"))
 
 
 NAMESPACES = [
@@ -164,8 +164,8 @@ def test_decode_shapes_do_not_change_from_token_to_token_on_immutable_arrays(mod
 # ------------------------------------------------------------------------------- lazy arrays (dask)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("dask") is None,
-                    reason="dask is not installed (pip install 'dask[array]', or the array-api-extra extra)")
+@pytest.mark.skipif(importlib.util.find_spec("dask") is None, reason="dask is not installed "
+                    "(pip install 'dask[array]', or the array-api-namespaces extra)")
 def test_a_lazy_step_holds_that_step_only(model_dir):
     # Were the KV cache left lazy, each token's graph would hold the prompt and every step before it:
     # the 124M shape took 4, 6, 10, 14 s for its first four tokens.
