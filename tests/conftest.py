@@ -22,7 +22,24 @@ def _backend_specs() -> list:
     return params
 
 
-@pytest.fixture(scope="session", params=_backend_specs())
+def _parametrized_by_a_mark(metafunc, name: str) -> bool:
+    for marker in metafunc.definition.iter_markers("parametrize"):
+        names = marker.args[0] if marker.args else marker.kwargs.get("argnames", ())
+        names = [n.strip() for n in names.split(",")] if isinstance(names, str) else list(names)
+        if name in names:
+            return True
+    return False
+
+
+def pytest_generate_tests(metafunc):
+    # The `backend` fixture's parameters are worked out here, when a test that uses it is collected, not
+    # when this file is imported: then a registry that fails (a mutant under mutation testing, a broken
+    # plugin) fails those tests instead of the whole session.
+    if "backend" in metafunc.fixturenames and not _parametrized_by_a_mark(metafunc, "backend"):
+        metafunc.parametrize("backend", _backend_specs(), indirect=True, scope="session")
+
+
+@pytest.fixture(scope="session")
 def backend(request):
     """A constructed backend, parametrized like SciPy's ``xp``: every registered backend that can run."""
     be = get_backend(request.param)
