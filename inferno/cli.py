@@ -91,7 +91,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     arg("-b", "--backend", metavar="NAME", help="compute backend, optionally with options: "
         "NAME[:key=value,...] (default: $INFERNO_BACKEND or numpy; see 'inferno backends')")
     arg("--threads", metavar="N", type=_positive,
-        help="worker threads (cpu-threaded, torch; default: usable cores); other backends reject it")
+        help="worker threads (cpu-threaded, torch, half; default: usable cores); other backends reject it")
 
 
 def _generate_parser() -> argparse.ArgumentParser:
