@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -178,8 +179,8 @@ def test_without_a_cut_the_candidates_are_every_id_in_order():
 
 @pytest.mark.parametrize(
     ("temperature", "top_k", "top_p"),
-    [(1.0, 0, 1.0), (0.7, 0, 1.0), (2.5, 0, 1.0), (0.8, 40, 1.0), (1.0, 0, 0.9), (1.3, 50, 0.7),
-     (1.0, 1, 1.0)],
+    [(1.0, 0, 1.0), (0.7, 0, 1.0), (2.0, 0, 1.0), (2.5, 0, 1.0), (0.8, 40, 1.0), (1.0, 0, 0.9),
+     (1.3, 50, 0.7), (2.0, 30, 1.0), (1.0, 1, 1.0)],
 )
 def test_draws_equal_the_reference_inverse_cdf(temperature, top_k, top_p):
     # One rng.random() per token, the first candidate whose cumulative mass exceeds it: the same ids
@@ -192,17 +193,51 @@ def test_draws_equal_the_reference_inverse_cdf(temperature, top_k, top_p):
     assert len(set(ours)) == 1 if top_k == 1 else len(set(ours)) > 20
 
 
-def test_a_draw_at_the_very_top_of_the_cdf_stays_in_range():
-    class One:  # an rng whose draw is as high as it gets: u * total reaches the last bin's edge
-        def random(self):
-            return 1.0
+class FixedDraw:
+    """An rng whose every draw is `u`."""
 
+    def __init__(self, u: float) -> None:
+        self.u = u
+
+    def random(self) -> float:
+        return self.u
+
+
+@pytest.mark.parametrize("top_k", [0, 2])
+def test_a_draw_picks_the_first_candidate_whose_mass_exceeds_it(top_k):
+    # Equal halves: u = 0.5 is the first candidate's upper edge, which belongs to the second (the
+    # intervals are [F(k-1), F(k)), as in the reference). u = 0 never picks a token of probability 0.
+    sampler = Sampler(SamplingParams(temperature=1.0, top_k=top_k))
+    sampler.rng = FixedDraw(0.5)
+    assert sampler(np.array([0.0, 0.0])) == 1
+    assert reference_draw(np.array([0.0, 0.0]), FixedDraw(0.5), 1.0, top_k) == 1
+    sampler.rng = FixedDraw(0.0)
+    assert sampler(np.array([-np.inf, 0.0, 0.0])) == 1
+
+
+def test_top_p_1_keeps_candidates_whose_probability_rounds_away():
+    # 1 - 2e-22 rounds to 1.0: a cut at top_p = 1 would stop after the first candidate.
+    sampler = Sampler(SamplingParams(temperature=1.0, top_k=2, top_p=1.0))
+    ids, probs = sampler.distribution(np.array([0.0, -50.0]))
+    assert ids.tolist() == [0, 1] and probs[1] > 0
+
+
+@pytest.mark.parametrize("top_k", [0, 3])
+def test_tiny_temperatures_do_not_warn(top_k):
+    logits = np.random.default_rng(9).standard_normal(100) * 5
+    sampler = Sampler(SamplingParams(temperature=1e-320, top_k=top_k, seed=0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an overflow to -inf far below the maximum is expected, silently
+        assert sampler(logits) == int(np.argmax(logits))
+
+
+def test_a_draw_at_the_very_top_of_the_cdf_stays_in_range():
+    # u * total reaching the last bin's edge (u = 1, which random() never gives, or rounding up).
     logits = np.array([0.0, 1.0, 2.0])
     for params in (SamplingParams(temperature=1.0), SamplingParams(temperature=1.0, top_k=2)):
         sampler = Sampler(params)
-        sampler.rng = One()
+        sampler.rng = FixedDraw(1.0)
         assert sampler(logits) == (2 if params.top_k == 0 else 1)
-
 
 
 def test_sample_preset_is_temperature_08_top_k_40():
