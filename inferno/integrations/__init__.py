@@ -13,6 +13,8 @@ import importlib.util
 import math
 from typing import TYPE_CHECKING
 
+from inferno.cli import _number, _positive  # the command line's argument types, one definition
+
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
@@ -82,24 +84,8 @@ def _address(text: str) -> str:
 _address.__name__ = "--ray ADDRESS"
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
-    return value
+_positive_int = _positive
+_positive_float = _number(float, lambda v: math.isfinite(v) and v > 0, "a number > 0")
 
 
 def without_ray(args: argparse.Namespace, extra: Sequence[str] = ()) -> str | None:

@@ -62,11 +62,15 @@ from inferno.batch import (
     LineError,
     _check_output,
     _DeferInterrupts,
+    _describe,
     _Output,
     check_request,
     parse_line,
     read_done,
     split_lines,
+)
+from inferno.batch import (
+    _object as _json_object,
 )
 from inferno.cli import EXIT_INTERRUPTED, CliError
 from inferno.engine import DEFAULT_PREFILL_CHUNK, DEFAULT_SLOTS
@@ -151,19 +155,6 @@ def _relative(path: str, root: str) -> str:
     bare = root.split("://", 1)[-1].rstrip("/")
     path = path.split("://", 1)[-1]
     return path[len(bare) + 1:] if path.startswith(bare + "/") else path
-
-
-def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    seen: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in seen:
-            raise LineError(f"key {key!r} appears twice")
-        seen[key] = value
-    return seen
-
-
-def _describe(value: Any) -> str:
-    return json.dumps(value) if not isinstance(value, (dict, list)) else type(value).__name__
 
 
 @dataclass
