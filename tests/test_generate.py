@@ -4,19 +4,26 @@ its definition (tests/reference.py), Hugging Face tokenizers for the text."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 from goldens import golden_model
 from reference import hf_decode, reference_generate
 
+from inferno.backends.numpy_backend import NumpyBackend
 from inferno.generate import (
     ContextLengthError,
     GenerationError,
     GenerationResult,
+    PromptTypeError,
+    check_ids,
     check_request,
     generate_tokens,
     new_token_budget,
+    token_ids,
 )
+from inferno.model import Gpt2, NonFiniteLogitsError
 from inferno.options import GenerationOptions, OptionError
 from inferno.sampling import SamplingParams
 
@@ -175,7 +182,20 @@ def test_finish_reason_length_is_set_when_the_budget_runs_out(pipe, n):
     assert stream.finish_reason is None
     ids = list(stream)
     assert len(ids) == n and stream.finish_reason == "length"
-    assert stream.result().finish_reason == "length" and stream.result().stop_reason is None
+    result = stream.result()
+    assert (result.finish_reason, result.stop_reason, result.seconds) == ("length", None, 0.0)
+    assert result.tokens_per_second == 0.0 and stream.result(2.0).seconds == 2.0
+
+
+def test_a_result_taken_mid_stream_is_the_generation_so_far(pipe, cases):
+    case = cases[2]
+    stream = pipe.tokens(case["prompt"], 10, stop_at_eos=False)
+    steps = stream.steps()
+    first = [next(steps).id for _ in range(3)]
+    result = stream.result()
+    assert first == result.ids == case["greedy_ids"][:3]
+    assert result.text == hf_decode(first) and result.finish_reason == "length"
+    assert stream.finish_reason is None  # the stream itself has not finished
 
 
 def test_finish_reason_length_without_any_token(pipe):
@@ -242,6 +262,117 @@ def test_the_model_refuses_positions_past_its_kv_cache(pipe):
         model.forward(np.asarray([[6]]), cache)
 
 
+# ------------------------------------------------------------------------------------ bad numbers
+
+
+def overflowing_model(name: str, index, value: float = 3e38) -> Gpt2:
+    """The golden model with one weight so large (finite, so loadable) that float32 overflows."""
+    config, sd, _ = golden_model("greedy")
+    sd = {k: v.copy() for k, v in sd.items()}
+    sd[name][index] = value
+    return Gpt2.from_weights(config, sd, NumpyBackend())
+
+
+def test_overflow_in_the_prefill_is_an_error_not_a_numpy_warning():
+    model = overflowing_model("h.0.mlp.c_fc.weight", slice(None))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # NumPy's overflow and invalid-value warnings are silenced
+        with pytest.raises(NonFiniteLogitsError, match="the weights are the likely cause"):
+            list(generate_tokens(model, [1, 2, 3], 4))
+
+
+def test_overflow_in_a_decode_step_is_an_error_not_a_numpy_warning():
+    # Position 5 overflows: the prompt's 5 positions are fine, the first fed-back token is not.
+    model = overflowing_model("wpe.weight", 5)
+    stream = generate_tokens(model, [1, 2, 3, 4, 5], 4)
+    steps = stream.steps()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        first = next(steps)
+        with pytest.raises(NonFiniteLogitsError, match="non-finite logit"):
+            next(steps)
+    assert first.id == int(np.argmax(model.forward(np.asarray([[1, 2, 3, 4, 5]]))[0]))
+
+
+# -------------------------------------------------------------------------------------- prompt types
+
+NUMPY_PROMPT = "a NumPy prompt must be a 1-D array of integer token ids, got a "
+
+
+
+@pytest.mark.parametrize(
+    ("prompt", "message"),
+    [
+        (b"Hi", "the prompt is bytes b'Hi': give text as a str (decode the bytes first) or token ids as a "
+                "list of ints"),
+        (bytearray(b"Hi"), "the prompt is bytearray bytearray(b'Hi'): give text as a str (decode the bytes "
+                           "first) or token ids as a list of ints"),
+        (memoryview(b"Hi"), "the prompt is memoryview"),
+        (np.array([1.5]), NUMPY_PROMPT + "1-D array of float64"),
+        (np.array([[1]]), NUMPY_PROMPT + "2-D array of int64"),
+        (np.array(3), NUMPY_PROMPT + "0-D array of int64"),
+        ("15496", "the prompt must be a str or a sequence of int token ids, got str '15496'"),
+        (None, "the prompt must be a str or a sequence of int token ids, got NoneType None"),
+        ({1: 2}, "the prompt must be a str or a sequence of int token ids, got dict {1: 2}"),
+        (list(range(100)), None),
+        ([1, 2.0], "prompt token ids must be ints, got 2.0 (float) at index 1"),
+        ([1, True], "prompt token ids must be ints, got True (bool) at index 1"),
+        ([np.bool_(False)], "prompt token ids must be ints, got np.False_ (bool) at index 0"),
+        (["1"], "prompt token ids must be ints, got '1' (str) at index 0"),
+    ],
+)
+def test_token_ids_rejects_what_is_not_a_prompt(prompt, message):
+    if message is None:  # a long list of ints is fine
+        assert token_ids(prompt) == list(range(100))
+        return
+    with pytest.raises(PromptTypeError) as info:
+        token_ids(prompt)
+    assert str(info.value).startswith(message)
+    assert isinstance(info.value, GenerationError) and isinstance(info.value, TypeError)
+
+
+def test_a_long_value_is_shown_cut_to_40_characters():
+    with pytest.raises(PromptTypeError) as info:
+        token_ids({i: i for i in range(30)})
+    shown = repr({i: i for i in range(30)})[:37] + "..."
+    assert str(info.value) == f"the prompt must be a str or a sequence of int token ids, got dict {shown}"
+
+    class Unshowable:
+        def __repr__(self):
+            raise RuntimeError("no")
+
+    with pytest.raises(PromptTypeError, match=r"got \? \(Unshowable\) at index 0"):
+        token_ids([Unshowable()])
+
+
+def test_token_ids_converts_numpy_integers_to_ints():
+    ids = token_ids([np.int64(5), np.uint16(7), 9])
+    assert ids == [5, 7, 9] and all(type(i) is int for i in ids)
+    ids = token_ids(np.array([3, 4], dtype=np.uint8))
+    assert ids == [3, 4] and all(type(i) is int for i in ids)
+    ids = token_ids((1, 2))
+    assert ids == [1, 2] and type(ids) is list
+    assert token_ids(range(3)) == [0, 1, 2]
+
+
+def test_check_ids_messages(pipe):
+    config = pipe.config
+    with pytest.raises(GenerationError) as info:
+        check_ids([], config)
+    assert str(info.value) == ("the prompt has no tokens (start from <|endoftext|> for unconditional text)")
+    with pytest.raises(GenerationError) as info:
+        check_ids([5, 50257, -1], config)
+    assert str(info.value) == "prompt token id 50257 is outside the vocabulary [0, 50257)"
+    with pytest.raises(GenerationError) as info:
+        check_ids([-1], config)
+    assert str(info.value) == "prompt token id -1 is outside the vocabulary [0, 50257)"
+    assert check_ids([0, 50256], config) == [0, 50256]
+    assert check_ids([1] * config.n_positions, config) == [1] * config.n_positions
+    with pytest.raises(ContextLengthError) as info:
+        check_ids([1] * (config.n_positions + 1), config)
+    assert str(info.value) == "the prompt is 129 tokens long but the model's context holds 128"
+
+
 # ---------------------------------------------------------------------------------- request checks
 
 
@@ -254,6 +385,16 @@ def test_check_request_checks_option_ids_against_the_sample_limit(pipe):
         check_request(config, [1], 3, [GenerationOptions(logit_bias={50257: 1.0})])
     with pytest.raises(ContextLengthError):
         check_request(config, [1] * (config.n_positions + 1), 3, [])
+
+
+def test_generate_tokens_checks_option_ids_against_its_sample_limit(pipe):
+    outside = r"names token id \d+, outside the vocabulary \[0, 100\)$"
+    with pytest.raises(OptionError, match="^stop_ids " + outside):
+        generate_tokens(pipe.model, [1, 2], 3, GenerationOptions(stop_ids=[150]), sample_limit=100)
+    with pytest.raises(OptionError, match="^logit_bias " + outside):
+        generate_tokens(pipe.model, [1], 3, GenerationOptions(logit_bias={100: 1}), sample_limit=100)
+    stream = generate_tokens(pipe.model, [1], 3, GenerationOptions(stop_ids=[99]), sample_limit=100)
+    assert stream.stop_ids == {99}
 
 
 def test_sample_limit_keeps_generated_ids_below_it(pipe, cases):
@@ -272,10 +413,12 @@ def test_result_timing_fields():
     r = GenerationResult([1], [5, 6, 7, 8], "abcd", "length", seconds=0.5, backend="numpy")
     assert r.new_tokens == 4 and r.tokens_per_second == 8.0
     assert GenerationResult([1], [5], "a", "stop", seconds=0.0).tokens_per_second == 0.0
-    d = GenerationResult([1], [5, 6, 7], "abc", "length", seconds=1.23456789, backend="numpy").to_dict()
+    d = GenerationResult([1], [5, 6, 7], "abc", "length", seconds=0.7000004, backend="numpy").to_dict()
     assert d == {"prompt_ids": [1], "ids": [5, 6, 7], "text": "abc", "finish_reason": "length",
-                 "stop_reason": None, "backend": "numpy", "new_tokens": 3, "seconds": 1.234568,
-                 "tokens_per_second": 2.43}
+                 "stop_reason": None, "backend": "numpy", "new_tokens": 3, "seconds": 0.7,
+                 "tokens_per_second": 4.286}
+    d = GenerationResult([1], [5], "a", "stop", seconds=1.23456789, stop_reason=50256).to_dict()
+    assert (d["seconds"], d["tokens_per_second"], d["stop_reason"]) == (1.234568, 0.81, 50256)
 
 
 def test_result_of_a_pipeline_run(pipe):
