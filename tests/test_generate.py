@@ -337,6 +337,14 @@ def test_a_long_value_is_shown_cut_to_40_characters():
     shown = repr({i: i for i in range(30)})[:37] + "..."
     assert str(info.value) == f"the prompt must be a str or a sequence of int token ids, got dict {shown}"
 
+    # A repr of 40 characters is shown whole; of 41, cut to 37 and "...".
+    with pytest.raises(PromptTypeError) as info:
+        token_ids(["x" * 38])
+    assert str(info.value) == f"prompt token ids must be ints, got '{'x' * 38}' (str) at index 0"
+    with pytest.raises(PromptTypeError) as info:
+        token_ids(["x" * 39])
+    assert str(info.value) == f"prompt token ids must be ints, got '{'x' * 36}... (str) at index 0"
+
     class Unshowable:
         def __repr__(self):
             raise RuntimeError("no")
