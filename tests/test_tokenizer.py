@@ -98,8 +98,9 @@ def test_empty_and_type_errors(tok: Tokenizer) -> None:
     assert tok.encode("") == []
     assert tok.encode("", allow_special=True) == []
     assert tok.decode([]) == ""
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError) as info:
         tok.encode(b"bytes")  # type: ignore[arg-type]
+    assert str(info.value) == "encode() takes a str, not bytes"
 
 
 def test_round_trip_adversarial(tok: Tokenizer) -> None:
