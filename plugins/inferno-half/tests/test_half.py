@@ -258,18 +258,40 @@ def test_load_peak_memory_is_at_most_1_2x_the_weights_held(tmp_path, fmt):
 
 
 @pytest.mark.parametrize("offset, t", [(0, 1), (0, 5), (3, 4), (6, 1), (60, 1), (40, 8), (0, 9), (2, 30)])
-def test_attention_matches_numpy(offset, t):
+@pytest.mark.parametrize("d", [16, 24, 64, 12])
+def test_attention_matches_numpy(offset, t, d):
     # The C kernel takes up to SMALL_M queries; more go to NumPy's matmuls. Both against numpy's kernel.
+    # Head sizes: 16 and 64 (the x86 path's 16-wide loop), 24 (its 8-wide tail), 12 (portable C).
     from inferno.backends.numpy_backend import NumpyBackend
 
-    rng = np.random.default_rng(offset * 100 + t)
-    q = rng.standard_normal((2, 3, t, 16), dtype=np.float32)
-    k_cache, v_cache = (rng.standard_normal((2, 3, 80, 16), dtype=np.float32) * 3 for _ in range(2))
+    rng = np.random.default_rng(offset * 100 + t + d)
+    q = rng.standard_normal((2, 3, t, d), dtype=np.float32)
+    k_cache, v_cache = (rng.standard_normal((2, 3, 80, d), dtype=np.float32) * 3 for _ in range(2))
     want = NumpyBackend("float64").attention(q.astype(np.float64), k_cache.astype(np.float64),
                                              v_cache.astype(np.float64), offset)
     got = HalfBackend().attention(q, k_cache, v_cache, offset)
     assert got.shape == q.shape and got.dtype == np.float32
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("offset, t, threads", [(4100, 1, 1), (4100, 2, 2), (5000, 1, 2), (30, 1, 1)])
+@pytest.mark.parametrize("peak", [1.0, 60.0])
+def test_attention_long_cache_and_peaked_scores(offset, t, threads, peak):
+    # Beyond 4096 keys the scores go to the heap, not the stack; 4 heads x 4101+ keys take both threads.
+    # peak=60 makes most probabilities underflow (exponents far below -87, where the kernel's exp clamps).
+    from inferno.backends.numpy_backend import NumpyBackend
+
+    rng = np.random.default_rng(offset + t)
+    length = offset + t + 3
+    q = rng.standard_normal((1, 4, t, 16), dtype=np.float32) * np.float32(peak)
+    k_cache, v_cache = (rng.standard_normal((1, 4, length, 16), dtype=np.float32) for _ in range(2))
+    want = NumpyBackend("float64").attention(q.astype(np.float64), k_cache.astype(np.float64),
+                                             v_cache.astype(np.float64), offset)
+    got = HalfBackend(threads=threads).attention(q, k_cache, v_cache, offset)
+    assert np.isfinite(got).all()
+    # Scores near 60 hold ~1e-5 of float32 rounding, which the exponent passes on to the weights.
+    tol = 1e-5 if peak == 1.0 else 1e-4
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
 
 
 @pytest.mark.parametrize("shape", [(1, 1, 768), (2, 7, 64), (1, 3, 13)])
