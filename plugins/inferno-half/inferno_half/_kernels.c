@@ -20,6 +20,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,8 +61,15 @@ static float bf16_to_f32(uint16_t h) {
 static inline float widen(uint16_t h, int fmt) { return fmt == FMT_F16 ? f16_to_f32(h) : bf16_to_f32(h); }
 
 /* Output rows of the 8-row blocks jb0 .. jb1 - 1, for every input row. */
+/* GPT-2's tanh GELU as x * sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3): the same function, since
+   (1 + tanh(u)) / 2 = 1 / (1 + e^(-2u)). */
+static float gelu_new(float x) {
+    float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+    return x / (1.0f + expf(-2.0f * u));
+}
+
 static void blocks_portable(const float *x, int64_t m_rows, int64_t kp, const uint16_t *w, int64_t jb0,
-                            int64_t jb1, const float *b, float *y, int64_t n, int fmt) {
+                            int64_t jb1, const float *b, float *y, int64_t n, int fmt, int act) {
     for (int64_t jb = jb0; jb < jb1; jb++) {
         const uint16_t *blk = w + jb * 8 * kp;
         for (int64_t m = 0; m < m_rows; m++) {
@@ -70,7 +78,10 @@ static void blocks_portable(const float *x, int64_t m_rows, int64_t kp, const ui
             for (int64_t i = 0; i < kp; i += 8)
                 for (int r = 0; r < 8; r++)
                     for (int c = 0; c < 8; c++) acc[r] += xm[i + c] * widen(blk[i * 8 + r * 8 + c], fmt);
-            for (int r = 0; r < 8 && jb * 8 + r < n; r++) y[m * n + jb * 8 + r] = acc[r] + (b ? b[jb * 8 + r] : 0.0f);
+            for (int r = 0; r < 8 && jb * 8 + r < n; r++) {
+                float v = acc[r] + (b ? b[jb * 8 + r] : 0.0f);
+                y[m * n + jb * 8 + r] = act ? gelu_new(v) : v;
+            }
         }
     }
 }
@@ -97,11 +108,37 @@ X86 static inline float hsum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+/* e^x, 8 at a time: Cephes' expf (range reduction by ln 2, a degree-6 polynomial; within 2 ulp of expf)
+   for x in [-87, 88]; x is clamped to that range, where e^x stays a normal float32. */
+X86 static inline __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+    __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 y = _mm256_set1_ps(1.9875691500E-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+    __m256i n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(n));
+}
+
+/* gelu_new of 8 values (see the portable gelu_new). */
+X86 static inline __m256 gelu8(__m256 x) {
+    __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+    __m256 u = _mm256_mul_ps(_mm256_set1_ps(-2.0f * 0.7978845608028654f),
+                             _mm256_fmadd_ps(x3, _mm256_set1_ps(0.044715f), x));
+    return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), exp8(u)));
+}
+
 /* One 8-row block for one input row: eight independent accumulators (both FMA units busy despite their
    latency) fed by one sequential stream of weights. For more input rows the block is read again, from
    the cache (8 rows x K x 2 bytes: 12 KB for K = 768, 48 KB for 3072). */
 X86 static void blocks_x86(const float *x, int64_t m_rows, int64_t kp, const uint16_t *w, int64_t jb0,
-                           int64_t jb1, const float *b, float *y, int64_t n, int fmt) {
+                           int64_t jb1, const float *b, float *y, int64_t n, int fmt, int act) {
     for (int64_t jb = jb0; jb < jb1; jb++) {
         const uint16_t *blk = w + jb * 8 * kp;
         for (int64_t m = 0; m < m_rows; m++) {
@@ -116,7 +153,10 @@ X86 static void blocks_x86(const float *x, int64_t m_rows, int64_t kp, const uin
                 _mm_prefetch((const char *)(p + PREFETCH + 32), _MM_HINT_T0);
                 for (int r = 0; r < 8; r++) acc[r] = _mm256_fmadd_ps(load8(p + r * 8, fmt), xv, acc[r]);
             }
-            for (int r = 0; r < 8 && jb * 8 + r < n; r++) y[m * n + jb * 8 + r] = hsum(acc[r]) + (b ? b[jb * 8 + r] : 0.0f);
+            float out[8];
+            for (int r = 0; r < 8; r++) out[r] = hsum(acc[r]) + (b && jb * 8 + r < n ? b[jb * 8 + r] : 0.0f);
+            if (act) _mm256_storeu_ps(out, gelu8(_mm256_loadu_ps(out)));
+            for (int r = 0; r < 8 && jb * 8 + r < n; r++) y[m * n + jb * 8 + r] = out[r];
         }
     }
 }
@@ -160,10 +200,10 @@ int inferno_half_max_threads(void) {
 }
 
 /* y = x @ w.T + b, see the top of the file: x is [M, kp] (kp = K padded to a multiple of 8, the padding
-   zero), w the blocked weights of N rows (N padded to np8), y [M, N]. The 8-row blocks are split among
-   `threads` threads. Returns 0. */
+   zero), w the blocked weights of N rows (N padded to np8), y [M, N]; with `act` 1, y = gelu_new(x @ w.T
+   + b) (the MLP's first product). The 8-row blocks are split among `threads` threads. Returns 0. */
 int inferno_half_matmul(const float *x, int64_t m_rows, int64_t kp, const uint16_t *w, int64_t n,
-                        const float *b, float *y, int fmt, int threads) {
+                        const float *b, float *y, int fmt, int threads, int act) {
     int64_t blocks = (n + 7) / 8, per = 8;  /* 64 output rows per task */
     int64_t tasks = (blocks + per - 1) / per;
     int simd = inferno_half_simd();
@@ -174,9 +214,9 @@ int inferno_half_matmul(const float *x, int64_t m_rows, int64_t kp, const uint16
     for (int64_t t = 0; t < tasks; t++) {
         int64_t jb0 = t * per, jb1 = jb0 + per < blocks ? jb0 + per : blocks;
 #if HAVE_X86
-        if (simd) { blocks_x86(x, m_rows, kp, w, jb0, jb1, b, y, n, fmt); continue; }
+        if (simd) { blocks_x86(x, m_rows, kp, w, jb0, jb1, b, y, n, fmt, act); continue; }
 #endif
-        blocks_portable(x, m_rows, kp, w, jb0, jb1, b, y, n, fmt);
+        blocks_portable(x, m_rows, kp, w, jb0, jb1, b, y, n, fmt, act);
     }
     return 0;
 }
@@ -206,7 +246,6 @@ int inferno_half_unpack(const uint16_t *w, int64_t kp, int64_t j0, int64_t j1, i
    At one token per step a layer norm or an attention over the cache is a few microseconds of work
    behind tens of microseconds of NumPy calls; these run them in one call each. */
 
-#include <math.h>
 
 /* Layer norm over the last axis of x [rows, c] (biased variance, sums in double), into out. */
 int inferno_half_layernorm(const float *x, int64_t rows, int64_t c, const float *gamma, const float *beta,
@@ -225,24 +264,6 @@ int inferno_half_layernorm(const float *x, int64_t rows, int64_t c, const float 
 }
 
 #if HAVE_X86
-/* e^x for x <= 0 (a softmax's exponents), 8 at a time: Cephes' expf (range reduction by ln 2, a degree-6
-   polynomial; within 2 ulp of expf), clamped at -87 where e^x leaves float32's normal range. */
-X86 static inline __m256 exp8(__m256 x) {
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-    __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
-    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
-    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
-    __m256 y = _mm256_set1_ps(1.9875691500E-4f);
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
-    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
-    __m256i n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(y, _mm256_castsi256_ps(n));
-}
-
 X86 static inline float dot_x86(const float *a, const float *b, int64_t d) {
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
     int64_t c = 0;
@@ -289,54 +310,91 @@ X86 static void attend_x86(const float *qi, const float *kh, const float *vh, in
 /* Scores per query on the stack up to this many keys (16 KB), else on the heap. */
 #define STACK_KEYS 4096
 
-/* Causal attention of one sequence: q [h, t, d] at positions offset .. offset + t - 1, k and v the
-   cache [h, l, d]; query i attends keys 0 .. offset + i. out [h, t, d]. The portable path makes one pass
-   per query with a running maximum (online softmax), so no score buffer; the x86 path two (above). */
-int inferno_half_attention(const float *q, int64_t h, int64_t t, int64_t d, const float *k, const float *v,
-                           int64_t l, int64_t offset, float *out, int threads) {
+/* One query over `keys` keys, portable C: one pass with a running maximum (online softmax), so no score
+   buffer. */
+static void attend_portable(const float *qi, const float *kh, const float *vh, int64_t keys, int64_t d,
+                            float scale, float *o) {
+    float m = -INFINITY, sum = 0.0f;
+    for (int64_t c = 0; c < d; c++) o[c] = 0.0f;
+    for (int64_t j = 0; j < keys; j++) {
+        const float *kj = kh + j * d, *vj = vh + j * d;
+        float s = 0.0f;
+        for (int64_t c = 0; c < d; c++) s += qi[c] * kj[c];
+        s *= scale;
+        if (s > m) {  /* a new maximum: rescale what was summed so far */
+            float f = expf(m - s);
+            sum *= f;
+            for (int64_t c = 0; c < d; c++) o[c] *= f;
+            m = s;
+        }
+        float e = expf(s - m);
+        sum += e;
+        for (int64_t c = 0; c < d; c++) o[c] += e * vj[c];
+    }
+    for (int64_t c = 0; c < d; c++) o[c] /= sum;
+}
+
+/* Causal attention of b sequences with h heads of size d: the caches k and v are [b, h, l, d]; the t
+   queries of each sequence sit at positions offset .. offset + t - 1 and query i attends keys
+   0 .. offset + i. Query (s, head, i) is read at q + s * q_s + head * q_h + i * q_t and its result
+   written at out + s * o_s + head * o_h + i * o_t (strides in floats), so that the caller's layout,
+   [b, h, t, d] or a fused [b, t, 3, h, d], needs no copy. */
+static void attend_all(int64_t b, int64_t h, int64_t t, int64_t d, const float *q, int64_t q_s, int64_t q_h,
+                       int64_t q_t, const float *k, const float *v, int64_t l, int64_t offset, float *out,
+                       int64_t o_s, int64_t o_h, int64_t o_t, int threads) {
     float scale = 1.0f / sqrtf((float)d);
     int simd = HAVE_X86 && d % 8 == 0 && inferno_half_simd();
     float *heap = NULL;
     if (simd && offset + t > STACK_KEYS) {
-        heap = malloc(sizeof(float) * (size_t)(offset + t) * (size_t)(h * t));
+        heap = malloc(sizeof(float) * (size_t)(offset + t) * (size_t)(b * h * t));
         if (!heap) simd = 0;  /* out of memory: the portable path needs no buffer */
     }
     (void)threads; (void)simd;
 #ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1) if (threads > 1 && (offset + t) * t * h >= 16384)
+#pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1) if (threads > 1 && (offset + t) * t * h * b >= 16384)
 #endif
-    for (int64_t hq = 0; hq < h * t; hq++) {
-        int64_t head = hq / t, i = hq % t, keys = offset + i + 1;
-        const float *qi = q + (head * t + i) * d;
-        const float *kh = k + head * l * d, *vh = v + head * l * d;
-        float *o = out + (head * t + i) * d;
+    for (int64_t n = 0; n < b * h * t; n++) {
+        int64_t seq = n / (h * t), head = n / t % h, i = n % t, keys = offset + i + 1;
+        const float *qi = q + seq * q_s + head * q_h + i * q_t;
+        const float *kh = k + (seq * h + head) * l * d, *vh = v + (seq * h + head) * l * d;
+        float *o = out + seq * o_s + head * o_h + i * o_t;
 #if HAVE_X86
         if (simd) {
             float buf[STACK_KEYS];
-            attend_x86(qi, kh, vh, keys, d, scale, heap ? heap + hq * (offset + t) : buf, o);
+            attend_x86(qi, kh, vh, keys, d, scale, heap ? heap + n * (offset + t) : buf, o);
             continue;
         }
 #endif
-        float m = -INFINITY, sum = 0.0f;
-        for (int64_t c = 0; c < d; c++) o[c] = 0.0f;
-        for (int64_t j = 0; j < keys; j++) {
-            const float *kj = kh + j * d, *vj = vh + j * d;
-            float s = 0.0f;
-            for (int64_t c = 0; c < d; c++) s += qi[c] * kj[c];
-            s *= scale;
-            if (s > m) {  /* a new maximum: rescale what was summed so far */
-                float f = expf(m - s);
-                sum *= f;
-                for (int64_t c = 0; c < d; c++) o[c] *= f;
-                m = s;
-            }
-            float e = expf(s - m);
-            sum += e;
-            for (int64_t c = 0; c < d; c++) o[c] += e * vj[c];
-        }
-        for (int64_t c = 0; c < d; c++) o[c] /= sum;
+        attend_portable(qi, kh, vh, keys, d, scale, o);
     }
     free(heap);
+}
+
+/* Causal attention of one sequence: q [h, t, d], k and v the cache [h, l, d], out [h, t, d] (see
+   attend_all). Returns 0. */
+int inferno_half_attention(const float *q, int64_t h, int64_t t, int64_t d, const float *k, const float *v,
+                           int64_t l, int64_t offset, float *out, int threads) {
+    attend_all(1, h, t, d, q, 0, t * d, d, k, v, l, offset, out, 0, t * d, d, threads);
+    return 0;
+}
+
+/* The attention of a decode step from the fused projection: qkv [b, t, 3, h, d] (the c_attn product of b
+   sequences of t new tokens, bias added) → the keys and values written into the caches k, v [b, h, l, d]
+   at positions offset .. offset + t - 1, and the attention of the queries into out [b, t, h, d] (the
+   layout c_proj takes). One call instead of NumPy's head split, two cache writes, a query copy and the
+   head merge. Returns 0. */
+int inferno_half_qkv_attention(const float *qkv, int64_t b, int64_t t, int64_t h, int64_t d, float *k, float *v,
+                               int64_t l, int64_t offset, float *out, int threads) {
+    int64_t c = h * d;
+    for (int64_t seq = 0; seq < b; seq++)
+        for (int64_t i = 0; i < t; i++)
+            for (int64_t head = 0; head < h; head++) {
+                const float *row = qkv + (seq * t + i) * 3 * c + head * d;
+                int64_t at = ((seq * h + head) * l + offset + i) * d;
+                memcpy(k + at, row + c, sizeof(float) * (size_t)d);
+                memcpy(v + at, row + 2 * c, sizeof(float) * (size_t)d);
+            }
+    attend_all(b, h, t, d, qkv, t * 3 * c, d, 3 * c, k, v, l, offset, out, t * c, d, c, threads);
     return 0;
 }
 

@@ -58,12 +58,14 @@ def _load_kernels() -> Any:
         return None
     lib = ctypes.CDLL(_kernels.__file__)
     p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    lib.inferno_half_matmul.argtypes = [p, i64, i64, p, i64, p, p, i32, i32]
+    lib.inferno_half_matmul.argtypes = [p, i64, i64, p, i64, p, p, i32, i32, i32]
     lib.inferno_half_unpack.argtypes = [p, i64, i64, i64, i64, p, i32, i32]
     lib.inferno_half_layernorm.argtypes = [p, i64, i64, p, p, ctypes.c_double, p]
     lib.inferno_half_attention.argtypes = [p, i64, i64, i64, p, p, i64, i64, p, i32]
+    lib.inferno_half_qkv_attention.argtypes = [p, i64, i64, i64, i64, p, p, i64, i64, p, i32]
     for f in (lib.inferno_half_matmul, lib.inferno_half_unpack, lib.inferno_half_simd,
-              lib.inferno_half_max_threads, lib.inferno_half_layernorm, lib.inferno_half_attention):
+              lib.inferno_half_max_threads, lib.inferno_half_layernorm, lib.inferno_half_attention,
+              lib.inferno_half_qkv_attention):
         f.restype = i32
     return lib
 
@@ -251,8 +253,34 @@ class HalfBackend(NumpyBackend):
                                             self.threads)
         return out
 
-    def _matmul(self, x: np.ndarray, w: Weight16, b: np.ndarray | None) -> np.ndarray:
-        """[M, K] float32 @ the [K, N] that `w` holds, + b: the kernel for a few rows, BLAS for more."""
+    def mlp(self, x, w_fc, b_fc, w_proj, b_proj):
+        rows = x.reshape(-1, x.shape[-1])
+        if (_KERNELS is None or rows.shape[0] > SMALL_M or not isinstance(w_fc, Weight16)
+                or not isinstance(w_proj, Weight16)):
+            return super().mlp(x, w_fc, b_fc, w_proj, b_proj)
+        # Decode: the GELU inside the first product's kernel (NumPy's nine passes over 3072 values cost
+        # ~10 us, 12 times a step).
+        hidden = self._matmul(rows, w_fc, b_fc, gelu=True)
+        return self._matmul(hidden, w_proj, b_proj).reshape(*x.shape[:-1], w_proj.rows[0])
+
+    def self_attention(self, x, w_attn, b_attn, w_proj, b_proj, kv, offset, n_head):
+        b, t, c = x.shape
+        k_cache, v_cache = kv
+        if (_KERNELS is None or b * t > SMALL_M or not isinstance(w_attn, Weight16)
+                or not isinstance(w_proj, Weight16) or not _fits(k_cache, v_cache, (b, n_head), offset + t)):
+            return super().self_attention(x, w_attn, b_attn, w_proj, b_proj, kv, offset, n_head)
+        # Decode: after the fused projection, one C call writes the new keys and values into the cache
+        # and attends, reading the heads where the projection left them (no split, copy or merge).
+        qkv = self._matmul(x.reshape(b * t, c), w_attn, b_attn)
+        y = np.empty((b * t, c), np.float32)
+        _KERNELS.inferno_half_qkv_attention(qkv.ctypes.data, b, t, n_head, c // n_head, k_cache.ctypes.data,
+                                            v_cache.ctypes.data, k_cache.shape[2], offset, y.ctypes.data,
+                                            self.threads)
+        return self._matmul(y, w_proj, b_proj).reshape(b, t, w_proj.rows[0]), (k_cache, v_cache)
+
+    def _matmul(self, x: np.ndarray, w: Weight16, b: np.ndarray | None, gelu: bool = False) -> np.ndarray:
+        """[M, K] float32 @ the [K, N] that `w` holds, + b (then gelu_new, with `gelu`): the kernel for a
+        few rows, BLAS for more."""
         m, k = x.shape
         n = w.rows[0]
         if _KERNELS is not None and m <= SMALL_M:
@@ -267,7 +295,7 @@ class HalfBackend(NumpyBackend):
             bias = None if b is None else np.ascontiguousarray(b, dtype=np.float32)
             _KERNELS.inferno_half_matmul(x.ctypes.data, m, kp, w.ptr, n,
                                          None if bias is None else bias.ctypes.data, y.ctypes.data,
-                                         self._code, self.threads)
+                                         self._code, self.threads, int(gelu))
             return y
         y = np.empty((m, n), np.float32)
         parts = _split(n, self.threads if _KERNELS is not None else 1)
@@ -279,7 +307,7 @@ class HalfBackend(NumpyBackend):
                     f.result()
         if b is not None:
             y += b
-        return y
+        return self.gelu_new(y) if gelu else y
 
     def _blas_rows(self, x: np.ndarray, w: Weight16, y: np.ndarray, j0: int, j1: int) -> None:
         """y[:, j0:j1] = x @ rows j0 .. j1 - 1 of w, unpacked to float32 `UNPACK_BYTES` at a time."""
@@ -310,6 +338,13 @@ class HalfBackend(NumpyBackend):
             return out
         part = w.blocks[j0 // 8 : (j1 + 7) // 8].transpose(0, 2, 1, 3).reshape(-1, w.blocks.shape[1] * 8)
         return from_bits(np.ascontiguousarray(part[: j1 - j0, :k]), w.fmt)
+
+
+def _fits(k_cache: Any, v_cache: Any, lead: tuple[int, int], length: int) -> bool:
+    """Whether the caches are this backend's own [B, H, L, D] float32 arrays for `lead` = (B, H), C-ordered
+    (the C kernel writes into them) and at least `length` long."""
+    return all(isinstance(a, np.ndarray) and a.dtype == np.float32 and a.flags.c_contiguous
+               and a.ndim == 4 and a.shape[:2] == lead and a.shape[2] >= length for a in (k_cache, v_cache))
 
 
 def _f32(a: np.ndarray) -> np.ndarray:

@@ -85,6 +85,77 @@ def test_linear_matches_float64_of_the_rounded_weights(fmt, m, n, k, monkeypatch
     np.testing.assert_allclose(be.linear(x[None], w, b)[0], got, rtol=1e-5, atol=1e-5 * float(scale.max()))
 
 
+def _rounded(w_in_out: np.ndarray, fmt: str) -> np.ndarray:
+    return hb.from_bits(hb.to_bits(w_in_out, fmt), fmt).astype(np.float64)
+
+
+def _gelu64(x: np.ndarray) -> np.ndarray:
+    # GPT-2's tanh GELU in float64, as x * sigmoid(2u): (1 + tanh u) / 2 cancels to 0 for u below -19,
+    # where the sigmoid form still holds the tiny true value the kernel computes.
+    u = np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)
+    with np.errstate(over="ignore"):
+        return x / (1.0 + np.exp(-2.0 * u))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("b, t", [(1, 1), (2, 3), (1, 8), (1, 9)])
+@pytest.mark.parametrize("c", [48, 44])
+def test_mlp_matches_float64_of_the_rounded_weights(fmt, b, t, c):
+    # Up to SMALL_M rows the GELU runs inside the first product's kernel (c=44: 4C = 176 and C padded to
+    # multiples of 8, the padding zero); 9 rows take BLAS and NumPy's GELU.
+    rng = np.random.default_rng(b * 100 + t + c)
+    x = (rng.standard_normal((b, t, c)) * 2).astype(np.float32)
+    w_fc, w_proj = (rng.standard_normal(s).astype(np.float32) * 0.5 for s in ((c, 4 * c), (4 * c, c)))
+    b_fc, b_proj = (rng.standard_normal(n).astype(np.float32) for n in (4 * c, c))
+    be = HalfBackend(fmt, threads=2)
+    got = be.mlp(x, be.prepare_weight("h.0.mlp.c_fc.weight", w_fc), b_fc,
+                 be.prepare_weight("h.0.mlp.c_proj.weight", w_proj), b_proj)
+    hidden = _gelu64(x.astype(np.float64) @ _rounded(w_fc, fmt) + b_fc)
+    want = hidden @ _rounded(w_proj, fmt) + b_proj
+    assert got.shape == (b, t, c) and got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_gelu_of_the_kernel_holds_at_the_extremes():
+    # Very negative inputs (e^-2u beyond float32: the kernel clamps the exponent), zero, very positive.
+    be = HalfBackend("float16", threads=1)
+    x = np.array([[-1e4, -60.0, -9.0, -3.0, -1e-3, 0.0, 1e-3, 0.5, 3.0, 9.0, 60.0, 1e4, 2.0, -2.0, 1.0,
+                   -1.0]], np.float32)
+    eye = be.prepare_weight("h.0.mlp.c_fc.weight", np.eye(16, dtype=np.float32))
+    got = be._matmul(x, eye, None, gelu=True)
+    np.testing.assert_allclose(got, _gelu64(x.astype(np.float64)), rtol=2e-6, atol=1e-30)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("b, t, offset", [(1, 1, 0), (1, 1, 37), (2, 3, 5), (1, 8, 0), (1, 9, 4), (3, 1, 60)])
+@pytest.mark.parametrize("n_head, d", [(4, 16), (2, 12)])
+def test_self_attention_matches_float64_and_writes_the_cache(fmt, b, t, offset, n_head, d):
+    # Up to SMALL_M rows one C call writes the cache and attends (d=16: the x86 path, 12: portable);
+    # 9 rows take the composed NumPy path. Both against the composition in float64 on the rounded weights.
+    from inferno.backends.numpy_backend import NumpyBackend
+
+    c = n_head * d
+    rng = np.random.default_rng(b * 1000 + t * 10 + offset + d)
+    x = rng.standard_normal((b, t, c)).astype(np.float32)
+    w_attn, w_proj = (rng.standard_normal(s).astype(np.float32) * 0.3 for s in ((c, 3 * c), (c, c)))
+    b_attn, b_proj = (rng.standard_normal(n).astype(np.float32) for n in (3 * c, c))
+    length = offset + t + 2
+    caches = [rng.standard_normal((b, n_head, length, d)).astype(np.float32) for _ in range(2)]
+    be = HalfBackend(fmt, threads=2)
+    kv = tuple(a.copy() for a in caches)
+    got, (k_got, v_got) = be.self_attention(x, be.prepare_weight("h.0.attn.c_attn.weight", w_attn), b_attn,
+                                            be.prepare_weight("h.0.attn.c_proj.weight", w_proj), b_proj,
+                                            kv, offset, n_head)
+    ref = NumpyBackend("float64")
+    kv64 = tuple(a.astype(np.float64) for a in caches)
+    want, (k_want, v_want) = ref.self_attention(x.astype(np.float64), _rounded(w_attn, fmt), b_attn,
+                                                _rounded(w_proj, fmt), b_proj, kv64, offset, n_head)
+    assert got.shape == (b, t, c) and got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(k_got, k_want, rtol=1e-5, atol=1e-5)  # new keys in place, the rest kept
+    np.testing.assert_allclose(v_got, v_want, rtol=1e-5, atol=1e-5)
+
+
 def test_kernel_is_compiled_and_uses_simd_here():
     # CI builds the extension; a silent fallback to NumPy would make every decode 10x slower.
     assert hb._KERNELS is not None, "the C kernels were not built (see pip's build log)"
