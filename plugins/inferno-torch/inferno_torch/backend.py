@@ -159,7 +159,9 @@ class TorchBackend(ArrayApiBackend):
 
     def prepare_weight(self, name: str, a: np.ndarray) -> Any:
         if self._out_in and name.endswith(LINEAR_WEIGHTS):
-            return self._linear_weight(self.from_numpy(np.ascontiguousarray(a.T)))
+            packed = self._linear_weight(self.from_numpy(np.ascontiguousarray(a.T)))
+            _release_freed_memory()
+            return packed
         t = self.from_numpy(a)
         if self.onednn and name == "lm_head.weight":  # an untied head: [V, C] is already [out, in]
             return self._linear_weight(t)
@@ -319,6 +321,30 @@ def _resolve_device(torch: Any, device: Any) -> torch.device:
 def _mps_available(torch: Any) -> bool:
     mps = getattr(torch.backends, "mps", None)
     return bool(mps is not None and mps.is_available())
+
+
+def _release_freed_memory() -> None:
+    """Give the memory freed so far back to the OS (glibc's ``malloc_trim``; elsewhere nothing).
+
+    Each linear weight passes through two temporaries (the transposed float32 copy, the [out, in]
+    tensor oneDNN packs from) that are freed right away; but once wte's 154 MB has been freed, glibc
+    serves such sizes from its heap, which keeps them: loading the 124M weights in bfloat16 peaked at
+    1.22x the 326 MB held, and at 1.02x trimming after each (19 ms in all, measured).
+    """
+    global _TRIM
+    if _TRIM is None:
+        import ctypes
+        import ctypes.util
+
+        try:
+            _TRIM = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+        except (OSError, AttributeError):  # not glibc: musl, macOS, Windows
+            _TRIM = False
+    if _TRIM:
+        _TRIM(0)
+
+
+_TRIM: Any = None
 
 
 @hookimpl
