@@ -178,7 +178,9 @@ static int cpu_has_x86(void) {
 
 /* ------------------------------------------------------------------------------------ entry points */
 
+#if HAVE_X86
 static int use_x86 = -1;
+#endif
 
 /* Which code path runs here: 1 = AVX2 + FMA + F16C, 0 = portable C. */
 int inferno_half_simd(void) {
