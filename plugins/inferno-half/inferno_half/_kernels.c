@@ -192,6 +192,18 @@ int inferno_half_simd(void) {
 #endif
 }
 
+/* With `portable` 1, every later call takes the portable C path even where the CPU has AVX2 (the tests
+   run it so on x86 machines; it is what ARM and older CPUs run); 0 goes back to the detected path.
+   Returns inferno_half_simd() after the change. */
+int inferno_half_force_portable(int portable) {
+#if HAVE_X86
+    use_x86 = portable ? 0 : cpu_has_x86();
+#else
+    (void)portable;
+#endif
+    return inferno_half_simd();
+}
+
 /* The largest number of threads a call may use (1 without OpenMP). */
 int inferno_half_max_threads(void) {
 #ifdef _OPENMP

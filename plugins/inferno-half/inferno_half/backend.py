@@ -66,7 +66,9 @@ def _load_kernels() -> Any:
     lib.inferno_half_layernorm.argtypes = [p, i64, i64, p, p, ctypes.c_double, p]
     lib.inferno_half_attention.argtypes = [p, i64, i64, i64, p, p, i64, i64, p, i32]
     lib.inferno_half_qkv_attention.argtypes = [p, i64, i64, i64, i64, p, p, i64, i64, p, i32]
+    lib.inferno_half_force_portable.argtypes = [i32]
     for f in (lib.inferno_half_matmul, lib.inferno_half_unpack, lib.inferno_half_simd,
+              lib.inferno_half_force_portable,
               lib.inferno_half_max_threads, lib.inferno_half_layernorm, lib.inferno_half_attention,
               lib.inferno_half_qkv_attention):
         f.restype = i32

@@ -22,6 +22,24 @@ FORMATS = ["float16", "bfloat16"]
 PROMPTS = ["Hello", "The quick brown fox", "Once upon a time", "def main():", "Numbers: 1, 2, 3,", "新年快乐"]
 
 
+@pytest.fixture(params=["detected", "portable"])
+def kernel_path(request):
+    """Each kernel test twice: on the path detected here (AVX2 on x86) and on the portable C path that
+    ARM and older CPUs run."""
+    kernels = hb._KERNELS  # (a test may monkeypatch hb._KERNELS away before this resets the path)
+    if kernels is None:
+        if request.param == "portable":
+            pytest.skip("the C kernels are not built")
+        yield request.param
+        return
+    if request.param == "portable":
+        assert kernels.inferno_half_force_portable(1) == 0
+    try:
+        yield request.param
+    finally:
+        kernels.inferno_half_force_portable(0)
+
+
 def bf16_reference(a: np.ndarray) -> np.ndarray:
     """Round float32 to bfloat16 (nearest, ties to even) by exact float64 arithmetic, as float32: the
     two neighbouring bfloat16 values around each x, and the closer one (the even one on a tie)."""
@@ -67,7 +85,7 @@ def test_pack_keeps_every_value_and_row_gather(fmt, n, k):
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("m", [1, 2, 3, 5, 8, 9, 40])
 @pytest.mark.parametrize("n, k", [(21, 13), (67, 48), (300, 96)])
-def test_linear_matches_float64_of_the_rounded_weights(fmt, m, n, k, monkeypatch):
+def test_linear_matches_float64_of_the_rounded_weights(fmt, m, n, k, monkeypatch, kernel_path):
     # Both paths (the compiled kernel up to SMALL_M rows, unpacked BLAS above) and the NumPy fallback.
     rng = np.random.default_rng(m * 1000 + n)
     x = rng.standard_normal((m, k)).astype(np.float32)
@@ -100,7 +118,7 @@ def _gelu64(x: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("b, t", [(1, 1), (2, 3), (1, 8), (1, 9)])
 @pytest.mark.parametrize("c", [48, 44])
-def test_mlp_matches_float64_of_the_rounded_weights(fmt, b, t, c):
+def test_mlp_matches_float64_of_the_rounded_weights(fmt, b, t, c, kernel_path):
     # Up to SMALL_M rows the GELU runs inside the first product's kernel (c=44: 4C = 176 and C padded to
     # multiples of 8, the padding zero); 9 rows take BLAS and NumPy's GELU.
     rng = np.random.default_rng(b * 100 + t + c)
@@ -116,7 +134,7 @@ def test_mlp_matches_float64_of_the_rounded_weights(fmt, b, t, c):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
-def test_gelu_of_the_kernel_holds_at_the_extremes():
+def test_gelu_of_the_kernel_holds_at_the_extremes(kernel_path):
     # Very negative inputs (e^-2u beyond float32: the kernel clamps the exponent), zero, very positive.
     be = HalfBackend("float16", threads=1)
     x = np.array([[-1e4, -60.0, -9.0, -3.0, -1e-3, 0.0, 1e-3, 0.5, 3.0, 9.0, 60.0, 1e4, 2.0, -2.0, 1.0,
@@ -129,7 +147,7 @@ def test_gelu_of_the_kernel_holds_at_the_extremes():
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("b, t, offset", [(1, 1, 0), (1, 1, 37), (2, 3, 5), (1, 8, 0), (1, 9, 4), (3, 1, 60)])
 @pytest.mark.parametrize("n_head, d", [(4, 16), (2, 12)])
-def test_self_attention_matches_float64_and_writes_the_cache(fmt, b, t, offset, n_head, d):
+def test_self_attention_matches_float64_and_writes_the_cache(fmt, b, t, offset, n_head, d, kernel_path):
     # Up to SMALL_M rows one C call writes the cache and attends (d=16: the x86 path, 12: portable);
     # 9 rows take the composed NumPy path. Both against the composition in float64 on the rounded weights.
     from inferno.backends.numpy_backend import NumpyBackend
@@ -330,7 +348,7 @@ def test_load_peak_memory_is_at_most_1_2x_the_weights_held(tmp_path, fmt):
 
 @pytest.mark.parametrize("offset, t", [(0, 1), (0, 5), (3, 4), (6, 1), (60, 1), (40, 8), (0, 9), (2, 30)])
 @pytest.mark.parametrize("d", [16, 24, 64, 12])
-def test_attention_matches_numpy(offset, t, d):
+def test_attention_matches_numpy(offset, t, d, kernel_path):
     # The C kernel takes up to SMALL_M queries; more go to NumPy's matmuls. Both against numpy's kernel.
     # Head sizes: 16 and 64 (the x86 path's 16-wide loop), 24 (its 8-wide tail), 12 (portable C).
     from inferno.backends.numpy_backend import NumpyBackend
@@ -347,7 +365,7 @@ def test_attention_matches_numpy(offset, t, d):
 
 @pytest.mark.parametrize("offset, t, threads", [(4100, 1, 1), (4100, 2, 2), (5000, 1, 2), (30, 1, 1)])
 @pytest.mark.parametrize("peak", [1.0, 60.0])
-def test_attention_long_cache_and_peaked_scores(offset, t, threads, peak):
+def test_attention_long_cache_and_peaked_scores(offset, t, threads, peak, kernel_path):
     # Beyond 4096 keys the scores go to the heap, not the stack; 4 heads x 4101+ keys take both threads.
     # peak=60 makes most probabilities underflow (exponents far below -87, where the kernel's exp clamps).
     from inferno.backends.numpy_backend import NumpyBackend
@@ -366,7 +384,7 @@ def test_attention_long_cache_and_peaked_scores(offset, t, threads, peak):
 
 
 @pytest.mark.parametrize("shape", [(1, 1, 768), (2, 7, 64), (1, 3, 13)])
-def test_layernorm_matches_float64(shape):
+def test_layernorm_matches_float64(shape, kernel_path):
     rng = np.random.default_rng(sum(shape))
     x = (rng.standard_normal(shape) * 5 + 300).astype(np.float32)  # a large mean: sums must not cancel
     gamma, beta = (rng.standard_normal(shape[-1]).astype(np.float32) for _ in range(2))
