@@ -39,6 +39,10 @@ Progress goes to stderr: a tqdm bar when tqdm is installed and stderr is a termi
 rewritten in place on a terminal, else nothing per request; always a final line
 ``[N requests, T new tokens in S s, X tok/s; K skipped (already in OUT), E malformed]``.
 
+``inferno score IN.jsonl -o OUT.jsonl`` (inferno/score_batch.py) scores texts with these same rules and
+pieces: `parse_rows` (lines, ids, duplicates), `read_done` and `_Output` (resuming, whole lines),
+`_DeferInterrupts`, `_Progress` and `_report`.
+
 With ``--ray [ADDRESS]`` the same job runs on Ray Data, over ``--workers`` actors of ``--slots``
 sequences each, and IN may also be Parquet or a folder (inferno/integrations/ray_batch.py).
 
@@ -58,7 +62,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -213,7 +217,15 @@ def parse_requests(data: bytes, default_max_new_tokens: int,
                    default_stop_at_eos: bool) -> tuple[list[Request], list[tuple[int, str]]]:
     """Every request of an input file, and (line, message) for every malformed line. A duplicate id is
     an error for the later line, even when the earlier line was malformed for another reason."""
-    requests: list[Request] = []
+    return parse_rows(data, lambda text, line: parse_line(text, line, default_max_new_tokens,
+                                                          default_stop_at_eos))
+
+
+def parse_rows(data: bytes, parse: Callable[[str, int], Any]) -> tuple[list[Any], list[tuple[int, str]]]:
+    """`parse(text, line)` of every non-blank line of an input file (an object with an ``id``, or a
+    `LineError`), and (line, message) for every malformed line, duplicate ids included: the rules of
+    `parse_requests`, for any kind of row (``inferno score -o`` reads its texts with them too)."""
+    requests: list[Any] = []
     errors: list[tuple[int, str]] = []
     first_line: dict[str | int, int] = {}
     for line, raw in split_lines(data):
@@ -224,7 +236,7 @@ def parse_requests(data: bytes, default_max_new_tokens: int,
             continue
         req, problem = None, None
         try:
-            req = parse_line(text, line, default_max_new_tokens, default_stop_at_eos)
+            req = parse(text, line)
             rid = req.id
         except LineError as exc:
             rid, problem = exc.id, str(exc)
@@ -382,13 +394,15 @@ class _Progress:
     """Requests done so far, on stderr: a tqdm bar if tqdm is installed (tqdm hides it when stderr is
     not a terminal), else one line rewritten in place on a terminal, else nothing."""
 
-    def __init__(self, total: int, stream: IO[str], tqdm: Any = None) -> None:
+    def __init__(self, total: int, stream: IO[str], tqdm: Any = None, *, desc: str = PROG, unit: str = "req",
+                 items: str = "requests", tokens: str = "new tokens") -> None:
         self.total, self.stream, self.tty = total, stream, stream.isatty()
+        self.items, self.token_words = items, tokens
         self.done = self.tokens = 0
         self.start = time.perf_counter()
         self.bar = None
         if tqdm is not None:
-            self.bar = tqdm(total=total, desc=PROG, unit="req", file=stream, disable=None, leave=False)
+            self.bar = tqdm(total=total, desc=desc, unit=unit, file=stream, disable=None, leave=False)
 
     def update(self, new_tokens: int) -> None:
         self.done += 1
@@ -399,8 +413,8 @@ class _Progress:
             self.bar.set_postfix_str(f"{self.tokens} tok, {rate:.1f} tok/s", refresh=False)
             self.bar.update(1)
         elif self.tty:
-            self.stream.write(f"\r\x1b[K[{self.done}/{self.total} requests, {self.tokens} new tokens, "
-                              f"{rate:.1f} tok/s]")
+            self.stream.write(f"\r\x1b[K[{self.done}/{self.total} {self.items}, {self.tokens} "
+                              f"{self.token_words}, {rate:.1f} tok/s]")
             self.stream.flush()
 
     def close(self) -> None:
@@ -459,10 +473,10 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
-def _read_input(name: str) -> bytes:
+def _read_input(name: str, prog: str = PROG, items: str = "requests") -> bytes:
     if name == "-":
         if sys.stdin.isatty():
-            raise CliError(f"give an IN.jsonl file, or pipe the requests in: {PROG} - -o OUT < IN.jsonl")
+            raise CliError(f"give an IN.jsonl file, or pipe the {items} in: {prog} - -o OUT < IN.jsonl")
         return sys.stdin.buffer.read()
     path = Path(name)
     if path.is_dir():
@@ -536,12 +550,13 @@ def _run(args: argparse.Namespace) -> int:
     return _generate(pipe, args, todo, out_path, done.needs_newline, skipped, len(errors), source)
 
 
-def _report(errors: list[tuple[int, str]], source: str, strict: bool) -> None:
+def _report(errors: list[tuple[int, str]], source: str, strict: bool, prog: str = PROG,
+            done: str = "generated") -> None:
     for line, message in sorted(errors):
-        print(f"{PROG}: {source}:{line}: {message}", file=sys.stderr)
+        print(f"{prog}: {source}:{line}: {message}", file=sys.stderr)
     if strict and errors:
         raise CliError(f"--strict: {len(errors)} malformed line{'s' * (len(errors) != 1)} in {source}; "
-                       "nothing was generated")
+                       f"nothing was {done}")
 
 
 def _generate(pipe: Any, args: argparse.Namespace, todo: list[Request], out_path: Path,

@@ -7,6 +7,7 @@
     echo "Once upon a time" | inferno          # the prompt from stdin
     inferno "Summary:" -f notes.txt            # the argument, a newline, then the file's text
     inferno score essay.txt --json
+    inferno score texts.jsonl -o scores.jsonl  # every {"id", "text"} row; resumable (inferno/score_batch.py)
     inferno backends --json
     inferno -- backends            # generate from the prompt "backends"
 
@@ -316,7 +317,8 @@ def _run_generate(argv: Sequence[str]) -> int:
 
 def _run_score(argv: Sequence[str]) -> int:
     p = _Parser(prog="inferno score", description="Score a text: the log-probability of every token and "
-                "the perplexity (a sliding window for texts longer than the context).")
+                "the perplexity (a sliding window for texts longer than the context). With -o, score every "
+                "text of a JSONL file, one JSON line per text appended to OUT.")
     p.add_argument("file", nargs="?", default="-", metavar="FILE", help="UTF-8 text file, or - for stdin "
                    "(the default)")
     _add_model_args(p)
@@ -326,11 +328,12 @@ def _run_score(argv: Sequence[str]) -> int:
                    help="print one JSON object: ids, logprobs, total_logprob, perplexity, stride")
     from inferno.integrations import add_ray_args, run_ray_job, without_ray
 
-    p.add_argument("-o", "--output", metavar="OUT.jsonl", help="with --ray: FILE is a JSONL or Parquet file "
-                   "(or a folder of them) of {\"id\", \"text\"} rows; one --json object per row, with its "
-                   "id, is appended to OUT")
-    p.add_argument("--strict", action="store_true", help="with --ray: any malformed row is an error (exit 2) "
-                   "before anything is scored")
+    p.add_argument("-o", "--output", metavar="OUT.jsonl", help="score many texts: FILE is then a JSONL file "
+                   "of {\"id\", \"text\", \"stride\"} rows (id and stride optional; with --ray also a "
+                   "Parquet file or a folder), and the --json object of each row, with its id, is appended "
+                   "to OUT (never truncated; ids already in OUT are skipped, so a rerun resumes)")
+    p.add_argument("--strict", action="store_true", help="with -o: any malformed row is an error (exit 2) "
+                   "before anything is scored (without it, malformed rows are reported and skipped)")
     add_ray_args(p)
     args = p.parse_args(argv)
     if args.ray is not None:  # a scoring job on Ray Data: inferno/integrations/ray_batch.py
@@ -338,9 +341,15 @@ def _run_score(argv: Sequence[str]) -> int:
             raise CliError("--ray needs -o OUT.jsonl (one JSON line per scored row)")
         args.input = args.file
         return run_ray_job("score", args, "inferno score")
-    flag = without_ray(args, ("output", "strict"))
+    flag = without_ray(args)
     if flag:
-        raise CliError(f"{flag} needs --ray (without it, inferno score scores one text)")
+        raise CliError(f"{flag} needs --ray (one process scores the texts one after another)")
+    if args.output is not None:  # many texts, in this process: inferno/score_batch.py
+        from inferno.score_batch import run_score_jsonl
+
+        return run_score_jsonl(args)
+    if args.strict:
+        raise CliError("--strict needs -o OUT.jsonl (it is about the rows of a JSONL file of texts)")
     text = _read_text(args.file)
     pipe = _load(args)
     start = time.perf_counter()

@@ -18,7 +18,8 @@ Parquet row is read as the JSON object of its non-null columns, and its number (
 the line. Scoring rows are ``{"id": ..., "text": "..."}`` with an optional ``"stride"`` (default:
 ``--stride``); ``text`` may also be a list of token ids. A row without an id gets its line number when
 IN is one file (as ``inferno batch`` gives it), else ``"NAME:LINE"`` with NAME the file's path inside
-the folder.
+the folder. Scoring rows are read and checked by `inferno.score_batch`, as ``inferno score -o`` without
+--ray reads them.
 
 Output: the single-process command's lines, appended to one JSONL file by the driver: generation rows
 are ``{"id": ..., **the fields of inferno --json}``, scoring rows ``{"id": ..., **the fields of inferno
@@ -44,7 +45,6 @@ Each worker holds its own weights (~0.5 GB at 124M) and KV slots. The driver hol
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
 import os
 import sys
@@ -62,24 +62,20 @@ from inferno.batch import (
     LineError,
     _check_output,
     _DeferInterrupts,
-    _describe,
     _Output,
     check_request,
     parse_line,
     read_done,
     split_lines,
 )
-from inferno.batch import (
-    _object as _json_object,
-)
 from inferno.cli import EXIT_INTERRUPTED, CliError
 from inferno.engine import DEFAULT_PREFILL_CHUNK, DEFAULT_SLOTS
 from inferno.integrations import limit_blas_to_ray_cpus
+from inferno.score_batch import check_score_request, parse_score_line
 
 GENERATE, SCORE = "generate", "score"
 #: What a folder's files may be.
 SUFFIXES = (".jsonl", ".ndjson", ".parquet")
-SCORE_KEYS = ("id", "text", "stride")
 #: Batches an actor works on at once: while one waits for its last sequences, the other's fill the
 #: engine's free slots (both feed the same engine).
 CALLS_PER_WORKER = 2
@@ -155,45 +151,6 @@ def _relative(path: str, root: str) -> str:
     bare = root.split("://", 1)[-1].rstrip("/")
     path = path.split("://", 1)[-1]
     return path[len(bare) + 1:] if path.startswith(bare + "/") else path
-
-
-@dataclass
-class ScoreRequest:
-    id: str | int
-    text: str | list[int]
-    stride: int | None
-
-
-def parse_score_line(text: str, line: int, default_stride: int | None) -> ScoreRequest:
-    """One scoring row: ``{"id": ..., "text": ..., "stride": N}`` (id and stride optional). Raises
-    `LineError`, carrying the id when it was read before the problem was found."""
-    try:
-        obj = json.loads(text, object_pairs_hook=_json_object)
-    except json.JSONDecodeError as exc:
-        raise LineError(f"not valid JSON: {exc.msg} at column {exc.colno}") from None
-    if not isinstance(obj, dict):
-        raise LineError(f"expected a JSON object, got {_describe(obj)}")
-    rid = obj.get("id", line)
-    if isinstance(rid, bool) or not isinstance(rid, (str, int)):
-        raise LineError(f"id must be a string or an integer, got {_describe(rid)}")
-    unknown = [key for key in obj if key not in SCORE_KEYS]
-    if unknown:
-        close = difflib.get_close_matches(unknown[0], SCORE_KEYS, n=1)
-        hint = f"did you mean {close[0]!r}? " if close else ""
-        raise LineError(f"unknown key {unknown[0]!r} ({hint}known: {', '.join(SCORE_KEYS)})", rid)
-    if "text" not in obj:
-        raise LineError('no "text" (the text to score, or a list of token ids)', rid)
-    value = obj["text"]
-    if isinstance(value, list):
-        bad = [i for i in value if isinstance(i, bool) or not isinstance(i, int)]
-        if bad:
-            raise LineError(f"text: a list of token ids must hold integers, got {_describe(bad[0])}", rid)
-    elif not isinstance(value, str):
-        raise LineError(f"text must be a string or a list of token ids, got {_describe(value)}", rid)
-    stride = obj.get("stride", default_stride)
-    if stride is not None and (isinstance(stride, bool) or not isinstance(stride, int) or stride < 1):
-        raise LineError(f"stride must be an integer >= 1, got {_describe(stride)}", rid)
-    return ScoreRequest(rid, value, stride)
 
 
 def _row_texts(path: str, data: bytes) -> Iterable[tuple[int, str | None, str]]:
@@ -289,21 +246,7 @@ class _Worker:
         if self.config.kind == GENERATE:
             check_request(self.pipe, req)
             return
-        from inferno.scoring import ScoringError, check_stride
-
-        ids = self.pipe.tokenizer.encode(req.text) if isinstance(req.text, str) else list(req.text)
-        n_positions = self.pipe.config.n_positions
-        limit = self.pipe.sample_limit
-        try:
-            check_stride(n_positions // 2 if req.stride is None else req.stride, n_positions)
-        except ScoringError as exc:
-            raise LineError(str(exc)) from None
-        if len(ids) < 2:
-            raise LineError(f"scoring needs at least 2 tokens (the first has no context), got {len(ids)}")
-        bad = [i for i in ids if not 0 <= i < limit]
-        if bad:
-            raise LineError(f"token id {bad[0]} is outside the vocabulary [0, {limit})")
-        req.text = ids
+        check_score_request(self.pipe, req)  # what the single-process command checks
 
 
 def _rows(batch: dict[str, Any]) -> list[dict[str, Any]]:

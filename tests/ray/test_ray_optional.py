@@ -74,8 +74,8 @@ def test_without_ray_installed_ray_is_one_line_naming_the_extra(command, ray_mod
     (["batch", "IN", "-o", "OUT", "--cpus-per-worker", "2"], ["--cpus-per-worker needs --ray"]),
     (["batch", "--ray", "IN", "-o", "OUT"], ["--ray", "expected auto, HOST:PORT or ray://HOST:PORT", "'IN'"]),
     (["batch", "IN", "-o", "OUT", "--ray", "--workers", "0"], ["--workers", "expected an integer >= 1"]),
-    (["score", "IN", "-o", "OUT"], ["--output needs --ray"]),
-    (["score", "IN", "--strict"], ["--strict needs --ray"]),
+    (["score", "IN", "-o", "OUT", "--workers", "2"], ["--workers needs --ray"]),
+    (["score", "IN", "--strict"], ["--strict needs -o OUT.jsonl"]),  # -o without --ray: one process
     (["score", "IN", "--ray"], ["--ray needs -o OUT.jsonl"]),
 ])
 def test_ray_flags_are_checked_before_anything_runs(argv, needles, env, tmp_path):
