@@ -535,19 +535,26 @@ def _run(args: argparse.Namespace) -> int:
     # cannot take (prompt ids, context length, option token ids).
     _report(errors, source, args.strict)
     pipe = _load(args)
-    valid, late = [], []
-    for req in requests:
-        try:
-            check_request(pipe, req)
-            valid.append(req)
-        except LineError as exc:
-            late.append((req.line, str(exc)))
+    valid, late = checked(pipe, requests, check_request)
     _report(late, source, args.strict)
     errors += late
 
     todo = [req for req in valid if req.id not in done.ids]
     skipped = len(valid) - len(todo)
     return _generate(pipe, args, todo, out_path, done.needs_newline, skipped, len(errors), source)
+
+
+def checked(pipe: Any, requests: list, check: Any) -> tuple[list, list[tuple[int, str]]]:
+    """`requests` split by ``check(pipe, req)``: those it accepts, and (line, message) for those it
+    rejects with a `LineError`."""
+    valid, late = [], []
+    for req in requests:
+        try:
+            check(pipe, req)
+            valid.append(req)
+        except LineError as exc:
+            late.append((req.line, str(exc)))
+    return valid, late
 
 
 def _report(errors: list[tuple[int, str]], source: str, strict: bool, prog: str = PROG,

@@ -52,6 +52,7 @@ from inferno.batch import (
     _read_input,
     _report,
     _tqdm,
+    checked,
     parse_rows,
     read_done,
 )
@@ -165,13 +166,7 @@ def run_score_jsonl(args: argparse.Namespace) -> int:
     # cannot take.
     _report(errors, source, args.strict, PROG, "scored")
     pipe = _load(args)
-    valid, late = [], []
-    for req in requests:
-        try:
-            check_score_request(pipe, req)
-            valid.append(req)
-        except LineError as exc:
-            late.append((req.line, str(exc)))
+    valid, late = checked(pipe, requests, check_score_request)
     _report(late, source, args.strict, PROG, "scored")
 
     todo = [req for req in valid if req.id not in done.ids]
