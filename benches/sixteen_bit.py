@@ -8,7 +8,8 @@ float32 and bfloat16 (the inferno-torch plugin: oneDNN-packed weights on the CPU
 float16 and bfloat16 weights (the inferno-half plugin: float32 activations, a compiled GEMV).
 
 All get the same random weights of the GPT-2 124M shape. Each round runs every backend once, in turn,
-so that a noisy neighbour slows all of them alike; the table shows medians over rounds, and each ratio
+so that a noisy neighbour slows all of them alike (with a rest of `PAUSE` before each timed part, for
+the previous one's thread pools to stop spinning); the table shows medians over rounds, and each ratio
 is the median of the per-round ratios to `numpy`. Decode is the median step time of `--steps` cached
 one-token steps after a 64-token prefill, the first `WARMUP` steps left out; prefill is the prompt through
 a fresh KV cache up to the host logits of its last position. A memory-bandwidth probe (reading a
@@ -38,6 +39,9 @@ from inferno.model import Gpt2
 SPECS = ("numpy", "torch:device=cpu", "torch:device=cpu,dtype=bfloat16", "half", "half:dtype=bfloat16")
 PREFILLS = (64, 1000)
 WARMUP = 4
+#: Seconds of rest before each timed part: the thread pools of the part before (OpenBLAS's spin ~0.1 s
+#: after a call, OpenMP's for a while) would otherwise take cores from this one's first steps.
+PAUSE = 0.3
 
 
 def decode_ms(model: Gpt2, ids: list[int], steps: int) -> float:
@@ -117,8 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     for r in range(args.rounds):
         for spec, model in models.items():
             res = results[spec]
+            time.sleep(PAUSE)
             res.setdefault("decode_ms", []).append(decode_ms(model, prompts[64], args.steps))
             for n in prefills:
+                time.sleep(PAUSE)
                 res.setdefault(f"prefill{n}_tok_s", []).append(n / time_prefill(model, prompts[n]))
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
     load_after = os.getloadavg()[0]
