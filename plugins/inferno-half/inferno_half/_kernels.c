@@ -60,7 +60,6 @@ static float bf16_to_f32(uint16_t h) {
 
 static inline float widen(uint16_t h, int fmt) { return fmt == FMT_F16 ? f16_to_f32(h) : bf16_to_f32(h); }
 
-/* Output rows of the 8-row blocks jb0 .. jb1 - 1, for every input row. */
 /* GPT-2's tanh GELU as x * sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3): the same function, since
    (1 + tanh(u)) / 2 = 1 / (1 + e^(-2u)). */
 static float gelu_new(float x) {
@@ -68,6 +67,7 @@ static float gelu_new(float x) {
     return x / (1.0f + expf(-2.0f * u));
 }
 
+/* Output rows of the 8-row blocks jb0 .. jb1 - 1, for every input row (then gelu_new, with `act`). */
 static void blocks_portable(const float *x, int64_t m_rows, int64_t kp, const uint16_t *w, int64_t jb0,
                             int64_t jb1, const float *b, float *y, int64_t n, int fmt, int act) {
     for (int64_t jb = jb0; jb < jb1; jb++) {
