@@ -451,3 +451,276 @@ def test_backend_info_of_a_builtin(no_env):
     assert info == registry.BackendInfo("numpy", NumpyBackend.description, "built-in", inferno.__version__,
                                         "ok")
     assert info.ok and not registry.BackendInfo("x", "", "o", "", "needs a GPU").ok
+
+
+# ------------------------------------------------------------------------ every message, word for word
+
+INVALID_NAME = "(set `name`: lower case letters, digits, '-', '_' or '.')"
+
+
+def test_every_broken_plugin_says_exactly_what_went_wrong(fake_plugins):
+    something = object()
+    abstract = type("Abstract", (registry.Backend,), {"name": "fake-abstract"})
+    unnamed, bad_name = backend_class(""), backend_class("Bad Name")
+    fake_plugins(
+        FakeEntryPoint("fake-import", ImportError("No module named\n  'cuda_thing'")),
+        FakeEntryPoint("fake-exit", SystemExit()),
+        FakeEntryPoint("fake-raises", plugin("fake-raises", lambda register: 1 / 0)),
+        FakeEntryPoint("fake-object", plugin("fake-object", lambda register: register(something))),
+        FakeEntryPoint("fake-abstract", plugin("fake-abstract", lambda register: register(abstract))),
+        FakeEntryPoint("fake-noname", plugin("fake-noname", lambda register: register(unnamed))),
+        FakeEntryPoint("fake-badname", plugin("fake-badname", lambda register: register(bad_name))),
+        FakeEntryPoint("fake-signature", plugin("fake-signature", lambda reg, extra: None)),
+    )
+    missing = ", ".join(sorted(registry.Backend.__abstractmethods__))
+    statuses = {
+        "fake-import": "failed to import 'fake_fake_import': ImportError: No module named 'cuda_thing'",
+        "fake-exit": "failed to import 'fake_fake_exit': SystemExit",
+        "fake-raises": "register_backends() raised ZeroDivisionError: division by zero",
+        "fake-object": f"registered {something!r}, which is not a Backend subclass",
+        "fake-abstract": f"Abstract does not implement: {missing}",
+        "fake-noname": f"registered {unnamed.__qualname__} with an invalid name '' {INVALID_NAME}",
+        "Bad Name": f"registered {bad_name.__qualname__} with an invalid name 'Bad Name' {INVALID_NAME}",
+    }
+    with pytest.warns(BackendPluginWarning) as record:
+        infos = {i.name: i for i in list_backends()}
+    for name, status in statuses.items():
+        assert infos[name].status == status, name
+        assert (infos[name].description, infos[name].version, infos[name].ok) == ("", "1.0", False)
+    assert infos["fake-signature"].status.startswith(
+        "invalid plugin: PluginValidationError: Plugin 'inferno-fake-signature:fake-signature' for hook "
+        "'register_backends'")
+    dists = {"Bad Name": "inferno-fake-badname"}
+    expected = sorted(f"inferno: backend plugin {dists.get(n, 'inferno-' + n)} 1.0: {s}; skipped"
+                      for n, s in {**statuses, "fake-signature": infos["fake-signature"].status}.items())
+    assert sorted(str(w.message) for w in record) == expected
+    assert all(w.filename == "inferno" and w.lineno == 0 for w in record)
+
+
+def test_a_distribution_without_a_version_or_a_name(fake_plugins):
+    no_version = FakeEntryPoint("fake-nov", ImportError("gone"))
+    no_version.dist.version = ""
+    no_dist = FakeEntryPoint("fake-nodist", ImportError("gone"))
+    no_dist.dist = None
+    no_name = FakeEntryPoint("fake-noname", ImportError("gone"))
+    no_name.dist.name = None
+    fake_plugins(no_version, no_dist, no_name)
+    with pytest.warns(BackendPluginWarning) as record:
+        infos = {i.name: i for i in list_backends()}
+    assert (infos["fake-nov"].origin, infos["fake-nov"].version) == ("inferno-fake-nov", "")
+    assert (infos["fake-nodist"].origin, infos["fake-nodist"].version) == ("unknown distribution", "")
+    assert (infos["fake-noname"].origin, infos["fake-noname"].version) == ("unknown distribution", "1.0")
+    assert sorted(str(w.message) for w in record) == sorted([
+        "inferno: backend plugin inferno-fake-nov: failed to import 'fake_fake_nov': ImportError: gone; "
+        "skipped",
+        "inferno: backend plugin unknown distribution: failed to import 'fake_fake_nodist': ImportError: "
+        "gone; skipped",
+        "inferno: backend plugin unknown distribution 1.0: failed to import 'fake_fake_noname': ImportError: "
+        "gone; skipped"])
+    with pytest.raises(BackendUnavailableError) as info:
+        get_backend("fake-nov")
+    assert str(info.value) == ("backend 'fake-nov' (from inferno-fake-nov) is unavailable: failed to "
+                               "import 'fake_fake_nov': ImportError: gone")
+
+
+def test_a_broken_builtin_is_reported_as_one(monkeypatch):
+    class Failing:
+        name, value, dist = "cpu-threaded", "inferno.backends.threaded", None
+
+        def load(self):
+            raise ImportError("no\nthreads")
+
+    real = [ep for ep in registry._entry_points() if ep.value != "inferno.backends.threaded"]
+    monkeypatch.setattr(registry, "_entry_points", lambda: [*real, Failing()])
+    with pytest.warns(BackendPluginWarning) as record:
+        infos = {i.name: i for i in list_backends()}
+    status = "failed to import 'inferno.backends.threaded': ImportError: no threads"
+    assert [str(w.message) for w in record] == [f"inferno: built-in backend: {status}; skipped"]
+    assert {"numpy", "array-api"} <= {n for n, i in infos.items() if i.ok}
+    assert (infos["cpu-threaded"].origin, infos["cpu-threaded"].version) == ("built-in", inferno.__version__)
+    assert infos["cpu-threaded"].status == status
+    with pytest.raises(BackendUnavailableError) as info:
+        get_backend("cpu-threaded")
+    assert str(info.value) == f"backend 'cpu-threaded' is unavailable: {status}"
+
+
+def test_plugins_are_listed_by_name_after_the_builtins_and_registered_by_distribution(fake_plugins):
+    order = []
+
+    def hook(name):
+        cls = backend_class(name)
+        return lambda register: order.append(name) or register(cls)
+
+    # Registered in distribution order (b before c), whatever the order of the entry points.
+    eps = [FakeEntryPoint("fake-zz", plugin("fake-zz", hook("fake-zz"))),
+           FakeEntryPoint("fake-aa", plugin("fake-aa", hook("fake-aa"))),
+           FakeEntryPoint("fake-mm", plugin("fake-mm", hook("fake-mm")))]
+    eps[0].dist.name, eps[1].dist.name, eps[2].dist.name = "inferno-c", "inferno-c", "inferno-b"
+    fake_plugins(*eps)
+    names = [i.name for i in list_backends()]
+    assert names[:3] == ["numpy", "array-api", "cpu-threaded"]
+    fakes = [n for n in names if n.startswith("fake-")]
+    assert fakes == ["fake-aa", "fake-mm", "fake-zz"]
+    assert order == ["fake-mm", "fake-aa", "fake-zz"]
+
+
+def test_unknown_backend_messages():
+    with pytest.raises(UnknownBackendError) as info:
+        get_backend("nump")
+    known = [i.name for i in list_backends()]
+    assert str(info.value) == (f"unknown backend 'nump'. Did you mean 'numpy'? Known backends: "
+                               f"{', '.join(known)} (see 'inferno backends').")
+    assert (info.value.name, info.value.known) == ("nump", known)
+    with pytest.raises(UnknownBackendError) as info:
+        get_backend("cpu-thread")
+    assert "Did you mean 'cpu-threaded'?" in str(info.value)
+    with pytest.raises(UnknownBackendError) as info:
+        get_backend_class("zzzzzz")
+    assert str(info.value) == (
+        f"unknown backend 'zzzzzz'. Known backends: {', '.join(known)} (see 'inferno backends').")
+    several = UnknownBackendError("fake-a", ["fake-abcde", "fake-abc", "fake-ab", "fake-abcd", "other"])
+    assert str(several) == ("unknown backend 'fake-a'. Did you mean 'fake-ab' or 'fake-abc' or 'fake-abcd'? "
+                            "Known backends: fake-abcde, fake-abc, fake-ab, fake-abcd, other (see 'inferno "
+                            "backends').")
+    assert str(UnknownBackendError("x", [])) == (
+        "unknown backend 'x'. Known backends: (none) (see 'inferno backends').")
+
+
+def test_builtins_keep_their_order_whatever_the_entry_points_order(monkeypatch):
+    real = registry._entry_points()
+    monkeypatch.setattr(registry, "_entry_points", lambda: list(reversed(real)))
+    assert [i.name for i in list_backends()][:3] == ["numpy", "array-api", "cpu-threaded"]
+
+
+def test_one_module_named_by_two_entry_points_registers_once(fake_plugins):
+    calls = []
+    cls = backend_class("fake-shared")
+    module = plugin("fake-shared", lambda register: calls.append(1) or register(cls))
+    fake_plugins(FakeEntryPoint("fake-shared", module), FakeEntryPoint("fake-shared-again", module))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        names = [i.name for i in list_backends()]
+    assert "fake-shared" in names and "fake-shared-again" not in names
+    assert get_backend_info("fake-shared").ok and get_backend_class("fake-shared") is cls
+    assert calls == [1]
+
+
+def test_the_warnings_can_be_filtered_by_the_registrys_module(fake_plugins):
+    fake_plugins(FakeEntryPoint("fake-import", ImportError("gone")))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        warnings.filterwarnings("error", category=BackendPluginWarning,
+                                module=r"inferno\.backends\.registry$")
+        with pytest.raises(BackendPluginWarning, match="^inferno: backend plugin inferno-fake-import 1.0: "):
+            list_backends()
+
+
+@pytest.mark.parametrize("where", ["hook", "unavailable_reason", "constructor"])
+def test_keyboard_interrupt_from_a_backend_is_not_swallowed(fake_plugins, where):
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    attrs = {"unavailable_reason": classmethod(interrupt)} if where == "unavailable_reason" else \
+        {"__init__": interrupt} if where == "constructor" else {}
+    cls = backend_class("fake-ctrl-c", **attrs)
+    fake_plugins(FakeEntryPoint("fake-ctrl-c", plugin("fake-ctrl-c", interrupt if where == "hook"
+                                                      else lambda register: register(cls))))
+    with pytest.raises(KeyboardInterrupt):
+        get_backend("fake-ctrl-c")
+
+
+def test_a_builtins_constructor_failure_names_only_the_backend(monkeypatch, no_env):
+    def boom(self, dtype="float32"):
+        raise OSError("no\n  memory")
+
+    monkeypatch.setattr(NumpyBackend, "__init__", boom)
+    with pytest.raises(registry.BackendError) as info:
+        get_backend("numpy")
+    assert str(info.value) == "backend 'numpy' failed to start: its constructor raised OSError: no memory"
+    assert isinstance(info.value.__cause__, OSError)
+
+
+def test_options_a_constructor_does_not_take_are_all_named(fake_plugins, no_env):
+    def init(self, first, *rest, second=2):
+        NumpyBackend.__init__(self)
+
+    takes_two = backend_class("fake-two", __init__=init)
+    takes_none = backend_class("fake-none", __init__=lambda self: NumpyBackend.__init__(self))
+    fake_plugins(FakeEntryPoint("fake-two", plugin("fake-two", lambda register: (register(takes_two),
+                                                                                  register(takes_none)))))
+    with pytest.raises(BackendOptionError) as info:
+        get_backend("fake-two:zeta=1", alpha=2, first=0)
+    assert str(info.value) == "backend 'fake-two' has no option 'alpha', 'zeta' (its options: first, second)"
+    with pytest.raises(BackendOptionError) as info:
+        get_backend("fake-none", dtype="float32")
+    assert str(info.value) == "backend 'fake-none' has no option 'dtype' (its options: none)"
+    assert isinstance(get_backend("fake-two", first=1), takes_two)
+    with pytest.raises(BackendOptionError) as info:  # `first` missing: the constructor's own TypeError
+        get_backend("fake-two:second=3")
+    assert str(info.value).startswith("backend 'fake-two' rejected its options {'second': 3}: ")
+    assert isinstance(info.value.__cause__, TypeError)
+
+
+def test_a_backend_named_by_a_long_non_string_shows_40_characters():
+    with pytest.raises(TypeError) as info:
+        get_backend(b"x" * 100)  # type: ignore[arg-type]
+    assert str(info.value) == ("a backend is named by a str such as 'numpy' or 'numpy:dtype=float64', not "
+                               f"bytes ({repr(b'x' * 100)[:40]})")
+
+
+@pytest.mark.parametrize("value", ["", "   "])
+def test_an_empty_environment_variable_means_numpy(monkeypatch, value):
+    monkeypatch.setenv("INFERNO_BACKEND", value)
+    assert default_backend_name() == "numpy" and type(get_backend()) is NumpyBackend
+
+
+def test_the_environment_variable_is_a_spec(monkeypatch):
+    monkeypatch.setenv("INFERNO_BACKEND", "  array-api : dtype=float64 ")
+    assert default_backend_name() == "array-api"
+    be = get_backend()
+    assert type(be) is ArrayApiBackend and be.dtype == np.float64
+
+
+def test_an_entry_point_without_a_distribution_attribute(fake_plugins):
+    class Bare:  # an entry-point-like object with no `dist` at all
+        name, value = "fake-bare", "fake_bare"
+
+        def load(self):
+            raise ImportError("gone")
+
+    fake_plugins(Bare())
+    with pytest.warns(BackendPluginWarning, match="^inferno: backend plugin unknown distribution: failed "):
+        info = {i.name: i for i in list_backends()}["fake-bare"]
+    assert (info.origin, info.version) == ("unknown distribution", "")
+
+
+def test_a_constructor_whose_signature_cannot_be_read_gets_the_options(fake_plugins, no_env):
+    def init(self, **options):
+        NumpyBackend.__init__(self)
+        self.options = options
+
+    init.__signature__ = 42  # inspect.signature raises TypeError on it
+    opaque = backend_class("fake-opaque", __init__=init)
+    fake_plugins(FakeEntryPoint("fake-opaque", plugin("fake-opaque", lambda register: register(opaque))))
+    be = get_backend("fake-opaque:alpha=1", beta="x")
+    assert type(be) is opaque and be.options == {"alpha": 1, "beta": "x"}
+
+
+def test_close_names_are_those_at_least_half_alike():
+    # "nux" has 2 of its 3 letters in common with "numpy": similarity 2 * 2 / (3 + 5) = 0.5, just enough.
+    assert str(UnknownBackendError("nux", ["numpy", "torch"])).startswith(
+        "unknown backend 'nux'. Did you mean 'numpy'? Known backends: numpy, torch")
+    assert "Did you mean" not in str(UnknownBackendError("nxx", ["numpy", "torch"]))  # 0.25
+
+
+def test_registering_an_instance_or_a_nameless_class_is_reported_under_the_entry_point(fake_plugins):
+    instance = backend_class("fake-inst")()
+    nameless = type("Nameless", (), {})
+    fake_plugins(
+        FakeEntryPoint("fake-instance", plugin("fake-instance", lambda register: register(instance))),
+        FakeEntryPoint("fake-nameless", plugin("fake-nameless", lambda register: register(nameless))))
+    with pytest.warns(BackendPluginWarning):
+        infos = {i.name: i for i in list_backends()}
+    assert "fake-inst" not in infos
+    assert infos["fake-instance"].status == f"registered {instance!r}, which is not a Backend subclass"
+    assert infos["fake-nameless"].status == f"registered {nameless!r}, which is not a Backend subclass"
