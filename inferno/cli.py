@@ -402,6 +402,11 @@ def _run_backends(argv: Sequence[str]) -> int:
     widths = [max(len(r[c]) for r in rows) for c in range(3)]
     for r in rows:
         print("  ".join(r[c].ljust(widths[c]) for c in range(3)) + "  " + r[3])
+    from inferno.blas import summary  # what numpy and cpu-threaded run on
+
+    blas = summary()
+    if blas is not None:
+        print(f"\n{blas}")
     return 0
 
 

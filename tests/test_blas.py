@@ -1,0 +1,74 @@
+"""inferno.blas: what `inferno backends` says about NumPy's BLAS, and when it hints at OPENBLAS_CORETYPE."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from inferno import blas
+
+AVX512 = frozenset({"avx2", "fma", "avx512f", "avx512bw", "avx512vl"})
+AVX2 = frozenset({"avx2", "fma"})
+
+
+def info(arch: str, api: str = "openblas") -> dict:
+    return {"user_api": "blas", "internal_api": api, "version": "0.3.31", "architecture": arch,
+            "num_threads": 2}
+
+
+@pytest.mark.parametrize("arch", ["Haswell", "Zen", "haswell", "SandyBridge"])
+def test_avx2_kernels_on_an_avx512_cpu_are_hinted(arch):
+    unset = blas.coretype_hint(info(arch), AVX512, {})
+    assert unset is not None and unset.startswith(f"OpenBLAS runs its {arch} (AVX2) kernels")
+    assert "OPENBLAS_CORETYPE=SkylakeX" in unset
+    chosen = blas.coretype_hint(info(arch), AVX512, {"OPENBLAS_CORETYPE": arch})
+    assert chosen is not None and chosen.startswith(f"OPENBLAS_CORETYPE={arch} makes OpenBLAS run {arch}")
+    assert "unset before starting" in chosen
+
+
+@pytest.mark.parametrize(("record", "flags"), [
+    (info("SkylakeX"), AVX512),          # already the AVX-512 kernels
+    (info("Cooperlake"), AVX512),
+    (info("Haswell"), AVX2),             # the CPU has no AVX-512: Haswell is right
+    (info("Haswell"), frozenset({"avx512f"})),  # AVX-512 foundation only, without BW/VL
+    (info("Haswell", api="mkl"), AVX512),       # not OpenBLAS
+    (None, AVX512),                             # no BLAS found
+    ({"internal_api": "openblas"}, AVX512),     # no architecture reported
+])
+def test_no_hint_otherwise(record, flags):
+    assert blas.coretype_hint(record, flags, {}) is None
+
+
+def test_cpu_flags_come_from_the_first_flags_line(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f\nbugs\t: x\n\nprocessor\t: 1\n"
+                       "flags\t\t: other\n")
+    assert blas.cpu_flags(str(cpuinfo)) == frozenset({"fpu", "avx2", "avx512f"})
+    assert blas.cpu_flags(str(tmp_path / "missing")) == frozenset()
+    (tmp_path / "noflags").write_text("processor\t: 0\n")
+    assert blas.cpu_flags(str(tmp_path / "noflags")) == frozenset()
+
+
+def test_summary_names_numpys_blas_as_threadpoolctl_sees_it():
+    from threadpoolctl import threadpool_info
+
+    line = blas.summary()
+    assert line is not None  # NumPy's wheels ship OpenBLAS
+    record = next(i for i in threadpool_info() if i.get("user_api") == "blas")
+    first = line.splitlines()[0]
+    assert first.startswith("BLAS: ") and record["version"] in first
+    assert f"{record['num_threads']} threads" in first
+    if record.get("architecture"):
+        assert f"({record['architecture']} kernels, " in first
+
+
+def test_inferno_backends_prints_the_blas_line_after_the_table():
+    out = subprocess.run([sys.executable, "-m", "inferno", "backends"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.rstrip("\n").splitlines()
+    blas_at = next(i for i, line in enumerate(lines) if line.startswith("BLAS: "))
+    assert lines[blas_at - 1] == "" and lines[0].startswith("name")
+    assert all(not line.startswith("BLAS") for line in lines[:blas_at])
