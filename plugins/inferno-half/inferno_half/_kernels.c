@@ -364,8 +364,11 @@ static void attend_all(int64_t b, int64_t h, int64_t t, int64_t d, const float *
         if (!heap) simd = 0;  /* out of memory: the portable path needs no buffer */
     }
     (void)threads; (void)simd;
+    /* Split among the threads from ~43 keys a head at 12 heads: a decode step's attention reads its
+       cache from memory (evicted by the weights), 38 us a layer at 100 keys on one thread; on two the
+       whole step measured 3% faster (6.09 -> 5.90 ms, 14 paired rounds). */
 #ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1) if (threads > 1 && (offset + t) * t * h * b >= 16384)
+#pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1) if (threads > 1 && (offset + t) * t * h * b >= 512)
 #endif
     for (int64_t n = 0; n < b * h * t; n++) {
         int64_t seq = n / (h * t), head = n / t % h, i = n % t, keys = offset + i + 1;
