@@ -57,8 +57,9 @@ def _number(name: str, value, lo: float | None = None, hi: float | None = None, 
 
 
 def _token_id(name: str, value) -> int:
-    # JSON object keys are strings: accept "50256" as well as 50256, nothing fuzzier.
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+    # JSON object keys are strings: accept "50256" as well as 50256, nothing fuzzier. (One "-" at most, and
+    # decimal digits only: "--5" and "²" pass isdigit() after lstrip("-") but int() refuses them.)
+    if isinstance(value, str) and value.strip().removeprefix("-").isdecimal():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, Integral) or value < 0:
         raise OptionError(name, f"must hold token ids (integers >= 0), got {value!r}")
@@ -233,8 +234,14 @@ def top_logprobs(logits: np.ndarray, n: int, lse: float) -> list[tuple[int, floa
     if n <= 0:
         return []
     n = min(n, logits.shape[-1])
-    ids = np.argpartition(-logits, n - 1)[:n] if n < logits.shape[-1] else np.arange(n)
-    ids = ids[np.lexsort((ids, -logits[ids]))]
+    if n < logits.shape[-1]:
+        # Every id at least as likely as the n-th: argpartition alone would pick any of the ids tied at the
+        # cut, not the smallest.
+        cut = np.partition(logits, logits.shape[-1] - n)[logits.shape[-1] - n]
+        ids = np.flatnonzero(logits >= cut)
+    else:
+        ids = np.arange(n)
+    ids = ids[np.lexsort((ids, -logits[ids]))][:n]
     return [(int(i), float(np.float64(logits[i]) - lse)) for i in ids]
 
 

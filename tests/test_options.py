@@ -21,6 +21,9 @@ from inferno.options import (
     OptionError,
     SequenceState,
     StopStrings,
+    TokenLogprob,
+    logsumexp,
+    token_logprob,
 )
 from inferno.sampling import Sampler, SamplingParams
 from inferno.tokenizer import Tokenizer
@@ -332,6 +335,7 @@ def test_stop_strings_property(tok, case):
     fed = ""  # what the incremental decoder has produced (complete characters), as the matcher sees it
     fed_decoder = tok.incremental_decoder()
     pieces = []
+    seen = []  # the text the matcher was shown after each step (with the decoder's tail at the end)
     for k, token in enumerate(ids):
         logits[:] = 0
         logits[token] = 1.0  # greedy picks `token`
@@ -339,6 +343,9 @@ def test_stop_strings_property(tok, case):
         assert step.id == token
         pieces.append(step.text)
         fed += fed_decoder.feed(token)
+        seen.append(fed)
+        if k == len(ids) - 1:
+            seen.append(fed + fed_decoder.flush())
         released = "".join(pieces)
         if step.finish_reason is None:
             # Hold back only what could still become a stop string: exactly the longest such tail.
@@ -350,8 +357,11 @@ def test_stop_strings_property(tok, case):
     assert text == state.text
     assert not any(s in text for s in stops)
     used = tok.decode(state.ids)
-    cut = min([i for i in (used.find(s) for s in stops) if i >= 0], default=len(used))
-    assert text == used[:cut]  # the longest prefix before the first stop string
+    # The longest prefix before the first stop string the text held as it grew: a longer stop string that
+    # starts earlier but is only completed by text after that one ends nothing (the text ends first).
+    first = next((t for t in seen if any(s in t for s in stops)), used)
+    cut = min([i for i in (first.find(s) for s in stops) if i >= 0], default=len(used))
+    assert used.startswith(first) and text == used[:cut]
     if state.finish_reason == "stop":
         assert state.stop_reason in stops
         before = tok.incremental_decoder()
@@ -390,3 +400,209 @@ def test_repetition_penalty_with_prompt_ids_past_the_sampled_ones(tmp_path):
                         download=False)
     result = pipe.generate([1, 2, 50258], max_new_tokens=3, repetition_penalty=1.2, stop_at_eos=False)
     assert len(result.ids) == 3 and max(result.ids) < 50257
+
+
+# --- every message, word for word -------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    ("kwargs", "field", "reason"),
+    [
+        ({"repetition_penalty": 0}, "repetition_penalty", "must be > 0, got 0"),
+        ({"repetition_penalty": -1.5}, "repetition_penalty", "must be > 0, got -1.5"),
+        ({"repetition_penalty": float("nan")}, "repetition_penalty", "must be a finite number, got nan"),
+        ({"repetition_penalty": True}, "repetition_penalty", "must be a finite number, got True"),
+        ({"repetition_penalty": "2"}, "repetition_penalty", "must be a finite number, got '2'"),
+        ({"presence_penalty": 2.5}, "presence_penalty", "must be >= -2 and <= 2, got 2.5"),
+        ({"presence_penalty": -2.01}, "presence_penalty", "must be >= -2 and <= 2, got -2.01"),
+        ({"frequency_penalty": 3}, "frequency_penalty", "must be >= -2 and <= 2, got 3"),
+        ({"frequency_penalty": float("-inf")}, "frequency_penalty", "must be a finite number, got -inf"),
+        ({"logit_bias": {5: 101}}, "logit_bias[5]", "must be >= -100 and <= 100, got 101"),
+        ({"logit_bias": {"5": -100.5}}, "logit_bias['5']", "must be >= -100 and <= 100, got -100.5"),
+        ({"logit_bias": {5: None}}, "logit_bias[5]", "must be a finite number, got None"),
+        ({"logit_bias": {-1: 1}}, "logit_bias", "must hold token ids (integers >= 0), got -1"),
+        ({"logit_bias": {"-3": 1}}, "logit_bias", "must hold token ids (integers >= 0), got -3"),
+        ({"logit_bias": {"x": 1}}, "logit_bias", "must hold token ids (integers >= 0), got 'x'"),
+        ({"logit_bias": {"1.5": 1}}, "logit_bias", "must hold token ids (integers >= 0), got '1.5'"),
+        ({"logit_bias": {1.0: 1}}, "logit_bias", "must hold token ids (integers >= 0), got 1.0"),
+        ({"logit_bias": {True: 1}}, "logit_bias", "must hold token ids (integers >= 0), got True"),
+        ({"logit_bias": [1, 2]}, "logit_bias", "must map token ids to biases, got [1, 2]"),
+        ({"logprobs": 21}, "logprobs", "must be an integer in [0, 20] (or None), got 21"),
+        ({"logprobs": -1}, "logprobs", "must be an integer in [0, 20] (or None), got -1"),
+        ({"logprobs": True}, "logprobs", "must be an integer in [0, 20] (or None), got True"),
+        ({"logprobs": 2.0}, "logprobs", "must be an integer in [0, 20] (or None), got 2.0"),
+        ({"stop": ""}, "stop", "must hold non-empty strings, got ''"),
+        ({"stop": ["a", 1]}, "stop", "must hold non-empty strings, got 1"),
+        ({"stop": 5}, "stop", "must be a string or a list of strings, got 5"),
+        ({"stop": {"a": 1}}, "stop", "must be a string or a list of strings, got {'a': 1}"),
+        ({"stop": [str(i) for i in range(17)]}, "stop", "takes at most 16 strings, got 17"),
+        ({"stop_ids": "12"}, "stop_ids", "must be a list of token ids, got '12'"),
+        ({"stop_ids": b"12"}, "stop_ids", "must be a list of token ids, got b'12'"),
+        ({"stop_ids": {1: 2}}, "stop_ids", "must be a list of token ids, got {1: 2}"),
+        ({"stop_ids": 7}, "stop_ids", "must be a list of token ids, got 7"),
+        ({"stop_ids": [1, -3]}, "stop_ids", "must hold token ids (integers >= 0), got -3"),
+        ({"stop_ids": [True]}, "stop_ids", "must hold token ids (integers >= 0), got True"),
+        ({"stop_ids": ["x"]}, "stop_ids", "must hold token ids (integers >= 0), got 'x'"),
+    ],
+)
+def test_bad_options_say_exactly_what_is_wrong(kwargs, field, reason):
+    with pytest.raises(OptionError) as info:
+        GenerationOptions(**kwargs)
+    assert (info.value.field, info.value.reason, str(info.value)) == (field, reason, f"{field} {reason}")
+
+
+def test_a_bad_sampling_option_is_an_option_error_with_the_samplers_words():
+    with pytest.raises(OptionError) as info:
+        GenerationOptions(temperature=-1)
+    with pytest.raises(inferno.sampling.SamplingError) as direct:
+        SamplingParams(temperature=-1)
+    assert type(info.value) is OptionError
+    assert (info.value.field, info.value.reason) == (direct.value.field, direct.value.reason) != ("", "")
+    assert info.value.__cause__ is None and info.value.__suppress_context__
+
+
+def test_none_means_the_default():
+    o = GenerationOptions(stop=None, stop_ids=None, logit_bias=None, logprobs=None)
+    assert (o.stop, o.stop_ids, o.logit_bias, o.logprobs) == ((), frozenset(), {}, None)
+    assert type(o.stop) is tuple and type(o.stop_ids) is frozenset and type(o.logit_bias) is dict
+
+
+def test_options_are_converted_to_plain_values():
+    o = GenerationOptions(stop=iter(["b", "a", "b"]), stop_ids=(np.int64(3), "4", " 5 "),
+                          logit_bias={np.int32(1): np.float32(0.5), " 7 ": 2, "-0": -1},
+                          repetition_penalty=np.float64(1.5), presence_penalty=1, frequency_penalty=-1,
+                          logprobs=np.int64(0))
+    assert o.stop == ("b", "a") and o.stop_ids == frozenset({3, 4, 5})
+    assert o.logit_bias == {1: 0.5, 7: 2.0, 0: -1.0}
+    assert all(type(k) is int and type(v) is float for k, v in o.logit_bias.items())
+    assert all(type(i) is int for i in o.stop_ids)
+    for value in (o.repetition_penalty, o.presence_penalty, o.frequency_penalty):
+        assert type(value) is float
+    assert (o.presence_penalty, o.frequency_penalty) == (1.0, -1.0)
+    assert o.logprobs == 0 and type(o.logprobs) is int
+    assert GenerationOptions(repetition_penalty=1e-300).repetition_penalty == 1e-300  # only 0 is out
+    assert GenerationOptions(logprobs=0).logprobs == 0 and GenerationOptions(logprobs=20).logprobs == 20
+
+
+def test_unknown_options_are_named_first_in_order_with_every_known_one():
+    names = ("temperature", "top_k", "top_p", "seed", "stop", "stop_ids", "repetition_penalty",
+             "presence_penalty", "frequency_penalty", "logit_bias", "logprobs")
+    assert GenerationOptions.names() == names
+    with pytest.raises(OptionError) as info:
+        GenerationOptions.from_kwargs(zeta=1, temperature=0.5, alpha=2)
+    assert (info.value.field, info.value.reason) == (
+        "alpha", f"is not a generation option (known: {', '.join(names)})")
+    o = GenerationOptions.from_kwargs(temperature=0.5, stop="x")
+    assert o == GenerationOptions(temperature=0.5, stop=("x",))
+
+
+@pytest.mark.parametrize("name, value", [("repetition_penalty", 1.01), ("repetition_penalty", 0.5),
+                                         ("presence_penalty", 0.1), ("presence_penalty", -0.1),
+                                         ("frequency_penalty", 0.1), ("frequency_penalty", -2.0),
+                                         ("logit_bias", {3: 0.0})])
+def test_any_penalty_or_bias_is_penalised(name, value):
+    off = {"repetition_penalty": 1.0, "logit_bias": {}}.get(name, 0.0)
+    assert GenerationOptions(**{name: value}).penalised and not GenerationOptions(**{name: off}).penalised
+
+
+def test_check_vocab_names_the_smallest_id_outside():
+    o = GenerationOptions(stop_ids=[3, 70, 64], logit_bias={90: 1.0, 65: 2.0, 1: 0.0})
+    with pytest.raises(OptionError) as info:
+        o.check_vocab(64)
+    assert (info.value.field, info.value.reason) == (
+        "stop_ids", "names token id 64, outside the vocabulary [0, 64)")
+    o = GenerationOptions(stop_ids=[3, 63], logit_bias={90: 1.0, 65: 2.0, 1: 0.0})
+    with pytest.raises(OptionError) as info:
+        o.check_vocab(64)
+    assert (info.value.field, info.value.reason) == (
+        "logit_bias", "names token id 65, outside the vocabulary [0, 64)")
+    o.check_vocab(91)  # every id inside: nothing raised
+    with pytest.raises(OptionError):
+        o.check_vocab(90)
+
+
+# --- logprobs, exactly ------------------------------------------------------------------------------
+
+def test_logsumexp_of_rows_far_apart():
+    # Each row against its own maximum: a row 1000 below another does not underflow to -inf.
+    rows = np.array([[0.0, 0.0, math.log(2.0)], [-1000.0, -1000.0, -1000.0]], dtype=np.float32)
+    first = math.log(2.0 + math.exp(float(rows[0, 2])))  # log(4), from the float32 value of log(2)
+    np.testing.assert_allclose(logsumexp(rows), [first, -1000.0 + math.log(3.0)], rtol=1e-12)
+    assert logsumexp(rows).shape == (2,) and logsumexp(rows).dtype == np.float64
+    one = np.array([1.0, 2.0, 3.0], dtype=np.float32)
+    assert float(logsumexp(one)) == pytest.approx(math.log(math.e + math.e**2 + math.e**3), rel=1e-15)
+
+
+@pytest.mark.parametrize("n", [1, 2, 5])
+def test_the_n_most_likely_alternatives(n):
+    logits = np.array([0.5, 3.0, -1.0, 2.0, 3.0, 1.0], dtype=np.float32)
+    lse = math.log(sum(math.exp(float(x)) for x in logits))
+    lp = token_logprob(logits, 2, n)
+    assert lp.id == 2 and lp.logprob == pytest.approx(-1.0 - lse, abs=1e-12)
+    ranked = [1, 4, 3, 5, 0, 2]  # by logit, ties by id
+    assert [i for i, _ in lp.top] == ranked[:n]
+    np.testing.assert_allclose([v for _, v in lp.top], [float(logits[i]) - lse for i in ranked[:n]],
+                               atol=1e-12)
+    assert token_logprob(logits, 2, 0).top == [] and len(token_logprob(logits, 2, 99).top) == 6
+
+
+def test_token_logprob_to_dict():
+    lp = TokenLogprob(5, -0.25, [(5, -0.25), (2, -1.5)])
+    assert lp.to_dict() == {"id": 5, "logprob": -0.25,
+                            "top": [{"id": 5, "logprob": -0.25}, {"id": 2, "logprob": -1.5}]}
+    text = {5: "five", 2: "two"}.__getitem__
+    assert lp.to_dict(text) == {"id": 5, "text": "five", "logprob": -0.25,
+                                "top": [{"id": 5, "text": "five", "logprob": -0.25},
+                                        {"id": 2, "text": "two", "logprob": -1.5}]}
+    assert list(lp.to_dict(text)) == ["id", "text", "logprob", "top"]
+
+
+@pytest.mark.parametrize("rep", [2.0, 0.5])
+def test_repetition_penalty_of_exactly_two_or_a_half(rep):
+    logits = np.array([4.0, -2.0, 1.0, -3.0, 0.5])
+    proc = LogitsProcessor(GenerationOptions(repetition_penalty=rep), [0, 1])
+    np.testing.assert_array_equal(proc(logits), [4.0 / rep, -2.0 * rep, 1.0, -3.0, 0.5])
+
+
+def test_an_empty_prompt_penalises_only_the_generated_tokens():
+    options = GenerationOptions(repetition_penalty=2.0, presence_penalty=0.5)
+    proc = LogitsProcessor(options, [])
+    logits = np.array([4.0, -2.0, 1.0])
+    np.testing.assert_array_equal(proc(logits), logits)
+    proc.append(1)
+    np.testing.assert_array_equal(proc(logits), [4.0, -4.0 - 0.5, 1.0])
+
+
+def test_a_string_id_is_only_digits_after_a_minus():
+    for value in ("X5", "5X", "--5", "-", "5-", " -", "+5", "\u00b2", "1_0", "- 5"):
+        with pytest.raises(OptionError) as info:
+            GenerationOptions(stop_ids=[value])
+        assert str(info.value) == f"stop_ids must hold token ids (integers >= 0), got {value!r}"
+    assert GenerationOptions(stop_ids=["\u0663", " 7 "]).stop_ids == frozenset({3, 7})  # Arabic-Indic 3
+
+
+def test_two_stop_strings_at_the_same_place_the_first_listed_wins():
+    assert StopStrings(["ab", "abc"]).feed("xabcd") == ("x", "ab")
+    assert StopStrings(["abc", "ab"]).feed("xabcd") == ("x", "abc")
+
+
+def test_a_matcher_after_a_match_or_a_flush_starts_afresh():
+    m = StopStrings(["ab"])
+    assert m.feed("xa") == ("x", None) and m.feed("b") == ("", "ab")
+    assert m.flush() == ""  # the text from the stop string on is dropped
+    assert m.feed("zz") == ("zz", None)
+    assert m.feed("qa") == ("q", None) and m.flush() == "a"  # held back, then released at the end
+    assert m.flush() == "" and m.feed("zz") == ("zz", None)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_most_likely_alternatives_of_a_long_row(seed):
+    rng = np.random.default_rng(seed)
+    logits = (rng.standard_normal(1000) * 3).astype(np.float32)
+    logits[rng.integers(0, 1000, 20)] = logits.max()  # ties at the top, broken by id
+    lse = math.log(np.exp(logits.astype(np.float64)).sum())
+    ranked = sorted(range(1000), key=lambda i: (-float(logits[i]), i))
+    for n in (1, 2, 3, 7, 20, 999, 1000):
+        top = token_logprob(logits, 0, n).top
+        assert [i for i, _ in top] == ranked[:n], n
+        np.testing.assert_allclose([v for _, v in top], [float(logits[i]) - lse for i in ranked[:n]],
+                                   atol=1e-9)
