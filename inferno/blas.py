@@ -24,13 +24,22 @@ AVX512 = frozenset({"avx512f", "avx512bw", "avx512vl"})
 
 
 def blas_info() -> dict | None:
-    """threadpoolctl's record of NumPy's BLAS (internal_api, version, architecture, num_threads, ...),
-    or None when there is none, or more than one."""
+    """threadpoolctl's record of NumPy's BLAS (internal_api, version, architecture, num_threads, ...), or
+    None when it cannot be told apart: SciPy (imported by JAX, Dask...) loads an OpenBLAS of its own, so
+    the one in NumPy's wheel (``numpy.libs``, or inside the package) is preferred, and otherwise the only
+    one loaded."""
+    from pathlib import Path
+
     import numpy as np
     from threadpoolctl import threadpool_info
 
     np.ones((2, 2), np.float32) @ np.ones((2, 2), np.float32)  # NumPy loads its BLAS at the first product
     found = [i for i in threadpool_info() if i.get("user_api") == "blas"]
+    package = Path(np.__file__).resolve().parent
+    roots = (str(package) + os.sep, str(package.parent / "numpy.libs") + os.sep)
+    own = [i for i in found if str(Path(i.get("filepath", "")).resolve()).startswith(roots)]
+    if len(own) == 1:
+        return own[0]
     return found[0] if len(found) == 1 else None
 
 

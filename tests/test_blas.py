@@ -52,16 +52,29 @@ def test_cpu_flags_come_from_the_first_flags_line(tmp_path):
 
 
 def test_summary_names_numpys_blas_as_threadpoolctl_sees_it():
-    from threadpoolctl import threadpool_info
-
     line = blas.summary()
     assert line is not None  # NumPy's wheels ship OpenBLAS
-    record = next(i for i in threadpool_info() if i.get("user_api") == "blas")
+    record = blas.blas_info()
+    assert "numpy" in record["filepath"]  # NumPy's own, not SciPy's (loaded once jax or dask is imported)
     first = line.splitlines()[0]
     assert first.startswith("BLAS: ") and record["version"] in first
     assert f"{record['num_threads']} threads" in first
     if record.get("architecture"):
         assert f"({record['architecture']} kernels, " in first
+
+
+def test_numpys_blas_is_told_apart_from_scipys():
+    # The full suite imports jax and dask, which load SciPy's OpenBLAS beside NumPy's.
+    code = ("import scipy.linalg, numpy as np; from inferno import blas; "
+            "from threadpoolctl import threadpool_info;"
+            "scipy.linalg.blas.sgemm(1.0, np.ones((2, 2), np.float32), np.ones((2, 2), np.float32));"
+            "print(sum(i['user_api'] == 'blas' for i in threadpool_info()), blas.blas_info()['filepath'])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    if out.returncode and "No module named 'scipy'" in out.stderr:
+        pytest.skip("scipy is not installed")
+    assert out.returncode == 0, out.stderr
+    count, path = out.stdout.split()
+    assert int(count) >= 2 and "numpy" in path and "scipy.libs" not in path
 
 
 def test_inferno_backends_prints_the_blas_line_after_the_table():
