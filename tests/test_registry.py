@@ -592,6 +592,35 @@ def test_builtins_keep_their_order_whatever_the_entry_points_order(monkeypatch):
     assert [i.name for i in list_backends()][:3] == ["numpy", "array-api", "cpu-threaded"]
 
 
+@pytest.mark.parametrize("installed", ["inferno.backends.numpy_backend", "inferno.backends.threaded"])
+def test_builtins_keep_their_order_with_only_some_metadata_installed(monkeypatch, installed):
+    # One built-in's entry point installed, the others supplied from the source tree.
+    real = [ep for ep in registry._entry_points() if ep.value == installed]
+    assert len(real) == 1
+    monkeypatch.setattr(registry, "_entry_points", lambda: real)
+    assert [(i.name, i.status) for i in list_backends()] == [
+        ("numpy", "ok"), ("array-api", "ok"), ("cpu-threaded", "ok")]
+
+
+@pytest.mark.parametrize("broken", ["numpy", "array-api", "cpu-threaded"])
+def test_a_broken_builtin_keeps_its_place_in_the_list(monkeypatch, broken):
+    # Its import fails before the others register: it is listed where it belongs all the same.
+    module = registry._BUILTINS[broken]
+
+    class Failing:
+        name, value, dist = broken, module, None
+
+        def load(self):
+            raise ImportError("gone")
+
+    real = [ep for ep in registry._entry_points() if ep.value != module]
+    monkeypatch.setattr(registry, "_entry_points", lambda: [Failing(), *real])
+    with pytest.warns(BackendPluginWarning):
+        infos = list_backends()
+    assert [i.name for i in infos][:3] == ["numpy", "array-api", "cpu-threaded"]
+    assert [i.name for i in infos if not i.ok] == [broken]
+
+
 def test_one_module_named_by_two_entry_points_registers_once(fake_plugins):
     calls = []
     cls = backend_class("fake-shared")

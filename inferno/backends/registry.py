@@ -212,10 +212,12 @@ class _Registry:
         self.pending: list[str] = []
 
     def discover(self) -> None:
-        eps = _builtins_first(_entry_points())
-        # A source tree without installed metadata still has its built-ins.
+        eps = _entry_points()
+        # A source tree without installed metadata (or with only some of it) still has its built-ins, in
+        # their order.
         named = {ep.value for ep in eps}
-        eps[:0] = [_BuiltinEntryPoint(name, mod) for name, mod in _BUILTINS.items() if mod not in named]
+        eps = _builtins_first([*eps, *(_BuiltinEntryPoint(name, mod) for name, mod in _BUILTINS.items()
+                                       if mod not in named)])
         for ep in eps:
             origin, version = _origin(ep)
             try:
@@ -301,10 +303,12 @@ class _Registry:
 
     def ordered(self) -> list[_Entry]:
         """Built-ins first, in their fixed order, then the others by name."""
-        entries = list(self.entries.values())  # in registration order: the built-ins' hooks run first
-        return [e for e in entries if e.origin == BUILT_IN] + sorted(
-            (e for e in entries if e.origin != BUILT_IN), key=lambda e: e.name
-        )
+        entries = list(self.entries.values())
+        # A built-in that failed to import is recorded before the others register: place it by name.
+        rank = {name: i for i, name in enumerate(_BUILTINS)}
+        builtins = sorted((e for e in entries if e.origin == BUILT_IN),
+                          key=lambda e: rank.get(e.name, len(rank)))
+        return builtins + sorted((e for e in entries if e.origin != BUILT_IN), key=lambda e: e.name)
 
 
 @dataclass(frozen=True)
