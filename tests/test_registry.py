@@ -602,6 +602,23 @@ def test_builtins_keep_their_order_with_only_some_metadata_installed(monkeypatch
         ("numpy", "ok"), ("array-api", "ok"), ("cpu-threaded", "ok")]
 
 
+def test_a_builtin_module_failing_under_another_entry_point_name_comes_after_the_builtins(monkeypatch):
+    # A repackaged install naming the threaded module "threads": its failure is a built-in's, whose name
+    # has no fixed place, so it follows the three.
+    class Failing:
+        name, value, dist = "threads", "inferno.backends.threaded", None
+
+        def load(self):
+            raise ImportError("gone")
+
+    real = [ep for ep in registry._entry_points() if ep.value != "inferno.backends.threaded"]
+    monkeypatch.setattr(registry, "_entry_points", lambda: [Failing(), *real])
+    with pytest.warns(BackendPluginWarning):
+        infos = list_backends()
+    assert [(i.name, i.origin, i.ok) for i in infos][:3] == [
+        ("numpy", "built-in", True), ("array-api", "built-in", True), ("threads", "built-in", False)]
+
+
 @pytest.mark.parametrize("broken", ["numpy", "array-api", "cpu-threaded"])
 def test_a_broken_builtin_keeps_its_place_in_the_list(monkeypatch, broken):
     # Its import fails before the others register: it is listed where it belongs all the same.
