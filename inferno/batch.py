@@ -123,6 +123,17 @@ def _json_type(value: Any) -> str:
     return names.get(type(value), type(value).__name__)
 
 
+def read_object(text: str) -> dict[str, Any]:
+    """One JSONL line as a JSON object (a key given twice is refused), or a `LineError` saying why not."""
+    try:
+        obj = json.loads(text, object_pairs_hook=_object)
+    except json.JSONDecodeError as exc:
+        raise LineError(f"not valid JSON: {exc.msg} at column {exc.colno}") from None
+    if not isinstance(obj, dict):
+        raise LineError(f"expected a JSON object, got {_json_type(obj)}")
+    return obj
+
+
 def _describe(value: Any) -> str:
     return json.dumps(value) if not isinstance(value, (dict, list)) else type(value).__name__
 
@@ -141,12 +152,7 @@ def parse_line(text: str, line: int, default_max_new_tokens: int, default_stop_a
 
     The id is read first so that a line with a bad option still claims its id (see `parse_requests`):
     the error then carries it in `LineError.id`."""
-    try:
-        obj = json.loads(text, object_pairs_hook=_object)
-    except json.JSONDecodeError as exc:
-        raise LineError(f"not valid JSON: {exc.msg} at column {exc.colno}") from None
-    if not isinstance(obj, dict):
-        raise LineError(f"expected a JSON object, got {_json_type(obj)}")
+    obj = read_object(text)
 
     if "id" in obj:
         rid = obj["id"]

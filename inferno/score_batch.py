@@ -55,9 +55,7 @@ from inferno.batch import (
     checked,
     parse_rows,
     read_done,
-)
-from inferno.batch import (
-    _object as _json_object,
+    read_object,
 )
 from inferno.cli import EXIT_INTERRUPTED, CliError, _load
 
@@ -77,12 +75,7 @@ class ScoreRequest:
 def parse_score_line(text: str, line: int, default_stride: int | None) -> ScoreRequest:
     """One scoring row: ``{"id": ..., "text": ..., "stride": N}`` (id and stride optional). Raises
     `LineError`, carrying the id when it was read before the problem was found."""
-    try:
-        obj = json.loads(text, object_pairs_hook=_json_object)
-    except json.JSONDecodeError as exc:
-        raise LineError(f"not valid JSON: {exc.msg} at column {exc.colno}") from None
-    if not isinstance(obj, dict):
-        raise LineError(f"expected a JSON object, got {_describe(obj)}")
+    obj = read_object(text)
     rid = obj.get("id", line)
     if isinstance(rid, bool) or not isinstance(rid, (str, int)):
         raise LineError(f"id must be a string or an integer, got {_describe(rid)}")
