@@ -359,3 +359,238 @@ def test_a_queue_of_zero_takes_what_fits_now(pipe):
         assert all(h.result(timeout=30).new_tokens == 2 for h in handles) and engine.n_slots == 2
     finally:
         engine.close()
+
+
+# ------------------------------------------------------------------ details pinned by mutation testing
+
+
+def test_engine_argument_errors_name_the_value(pipe):
+    for kwargs, message in (
+            ({"slots": 0}, "slots must be an integer >= 1, got 0"),
+            ({"slots": True}, "slots must be an integer >= 1, got True"),
+            ({"slots": "2"}, "slots must be an integer >= 1, got '2'"),
+            ({"prefill_chunk": 0}, "prefill_chunk must be an integer >= 1, got 0"),
+            ({"prefill_chunk": True}, "prefill_chunk must be an integer >= 1, got True"),
+            ({"prefill_chunk": 2.0}, "prefill_chunk must be an integer >= 1, got 2.0"),
+            ({"max_queue": -1}, "max_queue must be an integer >= 0 or None, got -1"),
+            ({"max_queue": True}, "max_queue must be an integer >= 0 or None, got True"),
+            ({"max_queue": 1.0}, "max_queue must be an integer >= 0 or None, got 1.0")):
+        with pytest.raises(EngineError) as e:
+            Engine(pipe.model, autostart=False, **kwargs)
+        assert str(e.value) == message, kwargs
+
+
+def test_engine_defaults_and_smallest_arguments(pipe):
+    engine = Engine(pipe.model)
+    assert (engine.n_slots, engine.free_slots, engine.max_queue, engine.prefill_chunk) == (16, 16, 256, 64)
+    assert engine.autostart is True and engine.sample_limit is None and engine.decoder is None
+    assert (engine.waiting, engine.running, engine.alive) == (0, 0, False)
+    engine.close()
+    engine = Engine(pipe.model, slots=np.int64(1), prefill_chunk=np.int64(1), max_queue=0, autostart=False)
+    assert engine.n_slots == 1 and engine.prefill_chunk == 1 and type(engine.prefill_chunk) is int
+    assert engine.max_queue == 0
+    engine.close()
+    assert Engine(pipe.model, max_queue=None, autostart=False).max_queue is None
+
+
+def _drain(engine: Engine, limit: int = 200) -> int:
+    steps = 0
+    while engine.step():
+        steps += 1
+        assert steps < limit
+    return steps
+
+
+def test_stats_count_steps_rows_tokens_and_endings(pipe):
+    # A 5-token prompt in chunks of 3 and 4 new tokens: step 1 prefills 3, step 2 the other 2 and samples
+    # the first token, steps 3-5 one token each; nothing is left for a sixth.
+    prompt = pipe.encode("one two three four five")
+    assert len(prompt) == 5
+    engine = Engine(pipe.model, slots=2, prefill_chunk=3, autostart=False)
+    h = engine.submit(prompt, 4)
+    assert engine.waiting == 1 and engine.running == 0 and engine.free_slots == 2
+    assert not h.done and h.finish_reason is None and not h.wait(0)
+    assert engine.step()
+    assert engine.waiting == 0 and engine.running == 1 and engine.free_slots == 1
+    assert (engine.stats.steps, engine.stats.prompt_tokens, engine.stats.tokens, engine.stats.rows) == (
+        1, 3, 0, 1)
+    assert _drain(engine) == 4
+    s = engine.stats
+    assert (s.steps, s.prompt_tokens, s.tokens, s.rows) == (5, 5, 4, 5)
+    assert s.seconds > 0 and s.finished == {"length": 1}
+    assert engine.free_slots == 2 and engine.running == 0 and not engine.step()
+    assert engine.stats.steps == 5  # a step with nothing to do is not counted
+    r = h.result(timeout=1)
+    assert r.prompt_ids == prompt and r.new_tokens == 4 and r.finish_reason == "length"
+    assert r.backend == pipe.model.backend.name
+    assert 0 < r.seconds <= s.seconds + 1e-3  # from admission to the end
+    assert r.ids == pipe.generate(prompt, max_new_tokens=4, stop_at_eos=False).ids
+    engine.close()
+
+
+def test_two_sequences_share_the_prefill_chunk(pipe):
+    # Chunk 4: step 1 prefills a's 3 tokens and 1 of b's; step 2 b's last 2 and a's decode row.
+    a, b = pipe.encode("one two three"), pipe.encode("four five six")
+    engine = Engine(pipe.model, slots=2, prefill_chunk=4, autostart=False)
+    ha, hb = engine.submit(a, 3), engine.submit(b, 3)
+    engine.step()
+    assert engine.stats.prompt_tokens == 4 and engine.stats.rows == 2 and engine.stats.tokens == 1
+    assert len(ha.state.ids) == 1 and hb.state.ids == []
+    engine.step()
+    assert engine.stats.prompt_tokens == 6 and engine.stats.rows == 4 and engine.stats.tokens == 3
+    _drain(engine)
+    assert engine.stats.finished == {"length": 2}
+    for p, h in ((a, ha), (b, hb)):
+        assert h.result(timeout=1).ids == pipe.generate(p, max_new_tokens=3, stop_at_eos=False).ids
+    engine.close()
+
+
+def test_a_stopped_sequence_counts_its_reason(pipe):
+    prompt = pipe.encode("Hello there")
+    first = pipe.generate(prompt, max_new_tokens=3, stop_at_eos=False).ids
+    engine = Engine(pipe.model, slots=1, autostart=False)
+    end = first.index(first[1]) + 1  # the stop id's first appearance ends it
+    h = engine.submit(prompt, 10, stop_ids=[first[1]])
+    _drain(engine)
+    assert h.finish_reason == "stop" and h.result().ids == first[:end]
+    assert engine.stats.finished == {"stop": 1} and engine.stats.tokens == end
+    engine.close()
+
+
+def test_result_times_out_with_a_message(pipe):
+    engine = Engine(pipe.model, slots=1, autostart=False)
+    h = engine.submit([1, 2], 2)
+    with pytest.raises(TimeoutError) as e:
+        h.result(timeout=0.01)
+    assert str(e.value) == f"request {h.id} did not finish within 0.01 s"
+    engine.close()
+    assert h.finish_reason == "cancelled" and h.result(timeout=0).ids == [] and h.result().seconds == 0
+
+
+def test_request_ids_count_up(pipe):
+    engine = Engine(pipe.model, slots=2, autostart=False)
+    handles = [engine.submit([1], 1) for _ in range(2)]
+    handles += engine.submit_many([1], 1, [GenerationOptions()] * 2)
+    assert [h.id for h in handles] == [0, 1, 2, 3]
+    engine.close()
+
+
+def test_done_callbacks_run_once_at_the_end(pipe):
+    engine = Engine(pipe.model, slots=1, autostart=False)
+    h = engine.submit([1, 2], 2)
+    calls = []
+    h.add_done_callback(calls.append)
+    h.add_done_callback(lambda x: calls.append("second"))
+    engine.step()
+    assert calls == []
+    _drain(engine)
+    assert calls == [h, "second"]
+    h.add_done_callback(calls.append)  # already ended: at once
+    assert calls == [h, "second", h]
+    h._end()  # a second end changes nothing
+    assert calls == [h, "second", h]
+    engine.close()
+
+
+def test_close_cancels_running_and_waiting_and_refuses_more(pipe):
+    engine = Engine(pipe.model, slots=1, autostart=False)
+    running, waiting = engine.submit([1, 2], 5), engine.submit([3], 5)
+    engine.step()
+    assert engine.running == 1 and engine.waiting == 1
+    engine.close()
+    assert running.finish_reason == "cancelled" and waiting.finish_reason == "cancelled"
+    assert engine.stats.finished == {"cancelled": 2}
+    assert engine.free_slots == 1 and engine.running == 0 and engine.waiting == 0
+    steps = list(running)  # the one token it got, then the end
+    assert len(steps) == 1 and steps[0].finish_reason is None and list(waiting) == []
+    with pytest.raises(EngineClosedError, match="^the engine is closed$"):
+        engine.submit([1], 1)
+    engine.start()  # closed: no thread starts
+    assert not engine.alive and engine._thread is None
+
+
+def test_the_loop_thread_starts_on_submission_and_stops_on_close(pipe):
+    engine = pipe.engine(slots=1)
+    assert engine._thread is None
+    h = pipe.submit(engine, "x", 2, stop_at_eos=False)
+    thread = engine._thread
+    assert thread is not None and thread.name == "inferno-engine" and thread.daemon
+    engine.start()  # idempotent
+    assert engine._thread is thread
+    assert h.result(timeout=30).new_tokens == 2
+    assert engine.alive
+    engine.close()
+    assert not engine.alive and not thread.is_alive()
+    manual = pipe.engine(slots=1, autostart=False)
+    manual.submit([1], 1)
+    assert manual._thread is None
+    manual.close()
+
+
+def test_a_blocked_submission_ends_when_the_engine_closes(pipe):
+    engine = Engine(pipe.model, slots=1, max_queue=0, autostart=False)
+    engine.submit([1], 3)
+    errors = []
+
+    def blocked():
+        try:
+            engine.submit([2], 3, block=True, timeout=10)
+        except EngineError as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=blocked)
+    t.start()
+    time.sleep(0.2)
+    assert t.is_alive()
+    engine.close()
+    t.join(5)
+    assert len(errors) == 1 and type(errors[0]) is EngineClosedError
+
+
+def test_a_failing_sequence_fails_alone(pipe):
+    engine = Engine(pipe.model, slots=2, autostart=False)
+    good, bad = engine.submit([1, 2], 3), engine.submit([3, 4], 3)
+
+    def boom(*args, **kwargs):
+        raise ValueError("this sequence broke")
+
+    bad.state.step = boom
+    _drain(engine)
+    with pytest.raises(ValueError, match="this sequence broke"):
+        bad.result()
+    with pytest.raises(ValueError, match="this sequence broke"):
+        list(bad)
+    assert good.result().new_tokens == 3 and good.error is None
+    assert engine.stats.finished == {"length": 1, "error": 1} and engine.free_slots == 2
+    engine.close()
+
+
+def test_a_failing_leader_fails_its_group(pipe):
+    engine = Engine(pipe.model, slots=3, prefill_chunk=2, autostart=False)
+    handles = engine.submit_many([1, 2, 3, 4], 3, [GenerationOptions(temperature=1.0, seed=s)
+                                                   for s in range(3)])
+    engine.step()  # admitted, half prefilled
+    real = engine.model.forward_ragged
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("kernel exploded")
+
+    engine.model.forward_ragged = boom
+    try:
+        engine.step()
+    finally:
+        engine.model.forward_ragged = real
+    for h in handles:
+        assert h.done and isinstance(h.error, RuntimeError)
+    assert engine.stats.finished == {"error": 3} and engine.free_slots == 3 and engine.running == 0
+    engine.close()
+
+
+def test_submit_defaults_sixteen_tokens_and_does_not_block(pipe):
+    engine = Engine(pipe.model, slots=1, max_queue=0, autostart=False)
+    h = engine.submit([1, 2])
+    with pytest.raises(QueueFullError):
+        engine.submit([3])  # not blocking by default: at once
+    _drain(engine)
+    assert h.result().new_tokens == 16 and h.finish_reason == "length"
+    engine.close()
