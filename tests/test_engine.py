@@ -594,3 +594,29 @@ def test_submit_defaults_sixteen_tokens_and_does_not_block(pipe):
     _drain(engine)
     assert h.result().new_tokens == 16 and h.finish_reason == "length"
     engine.close()
+
+
+def test_a_failure_outside_a_batch_fails_every_request_and_the_loop_goes_on(pipe):
+    engine = pipe.engine(slots=1, max_queue=4)
+    real = engine._admit
+    calls = {"n": 0}
+
+    def admit_once_broken():
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("admission broke")
+        real()
+
+    engine._admit = admit_once_broken
+    try:
+        with engine._step_lock:  # both are queued before the loop's first step
+            handles = [engine.submit([1, 2], 3), engine.submit([3], 3)]
+        for h in handles:
+            assert h.wait(30)
+            with pytest.raises(RuntimeError, match="^admission broke$"):
+                h.result()
+        assert engine.stats.finished == {"error": 2} and engine.waiting == 0
+        later = engine.submit([4], 2)
+        assert later.result(timeout=30).new_tokens == 2
+    finally:
+        engine.close()
