@@ -328,6 +328,7 @@ def test_cancelled_group_members(pipe, when):
     alone = pipe.generate(prompt, max_new_tokens=5, stop_at_eos=False, temperature=1.0, seed=1)
     assert stays.result(timeout=1).ids == alone.ids
     assert engine.free_slots == 3 and engine.running == 0
+    assert engine.stats.finished == {"cancelled": 2, "length": 1}  # a leader that leaves counts once
     engine.close()
 
 
