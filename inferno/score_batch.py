@@ -107,21 +107,13 @@ def parse_score_requests(data: bytes, default_stride: int | None) -> tuple[list[
 
 
 def check_score_request(pipe: Any, req: ScoreRequest) -> None:
-    """The model's checks of a row, in the order and with the messages of `Pipeline.score` (at least 2
-    tokens, ids in the vocabulary, a stride below the context); replaces its text by its token ids.
-    Raises `LineError`."""
-    from inferno.scoring import ScoringError, check_stride
+    """The model's checks of a row, those of `Pipeline.score` (`inferno.scoring.check_request`), as a
+    `LineError`; replaces its text by its token ids."""
+    from inferno.scoring import ScoringError, check_request
 
     ids = pipe.tokenizer.encode(req.text) if isinstance(req.text, str) else list(req.text)
-    if len(ids) < 2:
-        raise LineError(f"scoring needs at least 2 tokens (the first has no context), got {len(ids)}")
-    limit = min(pipe.sample_limit, pipe.config.vocab_size)
-    bad = [i for i in ids if not 0 <= i < limit]
-    if bad:
-        raise LineError(f"token id {bad[0]} is outside the vocabulary [0, {limit})")
-    n_positions = pipe.config.n_positions
     try:
-        check_stride(n_positions // 2 if req.stride is None else req.stride, n_positions)
+        check_request(ids, req.stride, pipe.sample_limit, pipe.config)
     except ScoringError as exc:
         raise LineError(str(exc)) from None
     req.text = ids

@@ -66,6 +66,18 @@ def check_stride(stride, context: int) -> int:
     return int(stride)
 
 
+def check_request(ids: Sequence[int], stride: int | None, sample_limit: int, config) -> int:
+    """What scoring `ids` needs of them (>= 2 tokens, each below `sample_limit` and the vocabulary) and
+    of `stride` (None: half the context), in that order; returns the stride. Raises `ScoringError`."""
+    if len(ids) < 2:
+        raise ScoringError(f"scoring needs at least 2 tokens (the first has no context), got {len(ids)}")
+    limit = min(sample_limit, config.vocab_size)
+    bad = [i for i in ids if not 0 <= i < limit]
+    if bad:
+        raise ScoringError(f"token id {bad[0]} is outside the vocabulary [0, {limit})")
+    return check_stride(config.n_positions // 2 if stride is None else stride, config.n_positions)
+
+
 def score_ids(model: Gpt2, ids: Sequence[int], stride: int | None = None, top_logprobs_n: int = 0,
               sample_limit: int | None = None) -> ScoreResult:
     """Score `ids` (any length; >= 2 tokens). `stride` defaults to half the context.
@@ -75,13 +87,7 @@ def score_ids(model: Gpt2, ids: Sequence[int], stride: int | None = None, top_lo
     """
     c = model.config
     ids = [int(i) for i in ids]
-    if len(ids) < 2:
-        raise ScoringError(f"scoring needs at least 2 tokens (the first has no context), got {len(ids)}")
-    limit = c.vocab_size if sample_limit is None else min(sample_limit, c.vocab_size)
-    bad = [i for i in ids if not 0 <= i < limit]
-    if bad:
-        raise ScoringError(f"token id {bad[0]} is outside the vocabulary [0, {limit})")
-    stride = check_stride(c.n_positions // 2 if stride is None else stride, c.n_positions)
+    stride = check_request(ids, stride, c.vocab_size if sample_limit is None else sample_limit, c)
     if isinstance(top_logprobs_n, bool) or not isinstance(top_logprobs_n, Integral) or top_logprobs_n < 0:
         raise ScoringError(f"top_logprobs must be an integer >= 0, got {top_logprobs_n!r}")
 
