@@ -1,8 +1,10 @@
-"""What the command-line tests share: an offline environment and the one-line error check."""
+"""What the command-line tests share: an offline environment, the one-line error check, and the check
+of a JSONL job's reports of malformed lines."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -24,3 +26,21 @@ def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> N
     assert len(lines) == 1, proc.stderr
     for needle in needles:
         assert needle in lines[0], f"{needle!r} not in {lines[0]!r}"
+
+
+def assert_line_reports(proc: subprocess.CompletedProcess, prog: str, source: str,
+                        rows: list[tuple[object, tuple[str, ...] | None]]) -> None:
+    """A JSONL job ran through its malformed lines: exit 0, no traceback, and before its final line one
+    report ``PROG: SOURCE:LINE: ...`` for each row with needles (its 1-based line), holding them all."""
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    *reports, _ = proc.stderr.strip().splitlines()
+    bad = {line: needles for line, (_, needles) in enumerate(rows, 1) if needles}
+    assert len(reports) == len(bad), proc.stderr
+    head = re.compile(re.escape(f"{prog}: {source}:") + r"(\d+): ")
+    for report in reports:
+        match = head.match(report)
+        assert match, report
+        for needle in bad[int(match.group(1))]:
+            assert needle in report, f"{needle!r} not in {report!r}"
+    assert {int(head.match(r).group(1)) for r in reports} == set(bad)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from backend_helpers import registered
-from cli_helpers import assert_one_line_error, offline_env
+from cli_helpers import assert_line_reports, assert_one_line_error, offline_env
 
 from inferno.backends.numpy_backend import NumpyBackend
 from inferno.batch import _Progress, parse_requests, run_batch_cli
@@ -175,17 +175,8 @@ MALFORMED = [
 def test_malformed_lines_are_reported_and_skipped(model_dir, env, pipe, tmp_path):
     write_jsonl(tmp_path / "in.jsonl", [row for row, _ in MALFORMED])
     proc = run_batch(["in.jsonl", "-o", "out.jsonl", "--model-dir", str(model_dir)], env, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    assert "Traceback" not in proc.stderr
-    *reports, last = proc.stderr.strip().splitlines()
-    bad = {line: needles for line, (_, needles) in enumerate(MALFORMED, 1) if needles}
-    assert len(reports) == len(bad), proc.stderr
-    for report in reports:
-        match = re.match(r"inferno batch: in\.jsonl:(\d+): ", report)
-        assert match, report
-        for needle in bad[int(match.group(1))]:
-            assert needle in report, f"{needle!r} not in {report!r}"
-    assert {int(re.match(r"inferno batch: in\.jsonl:(\d+)", r).group(1)) for r in reports} == set(bad)
+    assert_line_reports(proc, "inferno batch", "in.jsonl", MALFORMED)
+    bad = [row for row, needles in MALFORMED if needles]
     assert stats(proc) == (2, 0, len(bad))
     got = {line["id"]: line["ids"] for line in output_lines(tmp_path / "out.jsonl")}
     assert got == {"ok1": pipe.generate("Hi", max_new_tokens=2).ids,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from backend_helpers import registered
-from cli_helpers import assert_one_line_error, offline_env
+from cli_helpers import assert_line_reports, assert_one_line_error, offline_env
 
 from inferno.backends.numpy_backend import NumpyBackend
 from inferno.batch import _Progress
@@ -175,17 +175,8 @@ MALFORMED = [
 def test_malformed_lines_are_reported_and_skipped(model_dir, env, tmp_path):
     write_jsonl(tmp_path / "in.jsonl", [row for row, _ in MALFORMED])
     proc = run_score(["in.jsonl", "-o", "out.jsonl", "-m", str(model_dir)], env, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    assert "Traceback" not in proc.stderr
-    *reports, _ = proc.stderr.strip().splitlines()
-    bad = {line: needles for line, (_, needles) in enumerate(MALFORMED, 1) if needles}
-    assert len(reports) == len(bad), proc.stderr
-    for report in reports:
-        match = re.match(r"inferno score: in\.jsonl:(\d+): ", report)
-        assert match, report
-        for needle in bad[int(match.group(1))]:
-            assert needle in report, f"{needle!r} not in {report!r}"
-    assert {int(re.match(r"inferno score: in\.jsonl:(\d+)", r).group(1)) for r in reports} == set(bad)
+    assert_line_reports(proc, "inferno score", "in.jsonl", MALFORMED)
+    bad = [row for row, needles in MALFORMED if needles]
     assert stats(proc)[0] == 2 and stats(proc)[2:] == (0, len(bad))
     assert [line["id"] for line in output_lines(tmp_path / "out.jsonl")] == ["ok1", 14]
 
