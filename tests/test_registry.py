@@ -523,15 +523,24 @@ def test_a_distribution_without_a_version_or_a_name(fake_plugins):
                                "import 'fake_fake_nov': ImportError: gone")
 
 
-def test_a_broken_builtin_is_reported_as_one(monkeypatch):
+def failing_builtin(monkeypatch, name: str, module: str, message: str, first: bool = False) -> None:
+    """Replace the entry point of built-in `module` by one named `name` whose import raises
+    ImportError(message), last (or `first`) among the real ones."""
+
     class Failing:
-        name, value, dist = "cpu-threaded", "inferno.backends.threaded", None
+        value, dist = module, None
 
         def load(self):
-            raise ImportError("no\nthreads")
+            raise ImportError(message)
 
-    real = [ep for ep in registry._entry_points() if ep.value != "inferno.backends.threaded"]
-    monkeypatch.setattr(registry, "_entry_points", lambda: [*real, Failing()])
+    Failing.name = name
+    real = [ep for ep in registry._entry_points() if ep.value != module]
+    eps = [Failing(), *real] if first else [*real, Failing()]
+    monkeypatch.setattr(registry, "_entry_points", lambda: eps)
+
+
+def test_a_broken_builtin_is_reported_as_one(monkeypatch):
+    failing_builtin(monkeypatch, "cpu-threaded", "inferno.backends.threaded", "no\nthreads")
     with pytest.warns(BackendPluginWarning) as record:
         infos = {i.name: i for i in list_backends()}
     status = "failed to import 'inferno.backends.threaded': ImportError: no threads"
@@ -605,14 +614,7 @@ def test_builtins_keep_their_order_with_only_some_metadata_installed(monkeypatch
 def test_a_builtin_module_failing_under_another_entry_point_name_comes_after_the_builtins(monkeypatch):
     # A repackaged install naming the threaded module "threads": its failure is a built-in's, whose name
     # has no fixed place, so it follows the three.
-    class Failing:
-        name, value, dist = "threads", "inferno.backends.threaded", None
-
-        def load(self):
-            raise ImportError("gone")
-
-    real = [ep for ep in registry._entry_points() if ep.value != "inferno.backends.threaded"]
-    monkeypatch.setattr(registry, "_entry_points", lambda: [Failing(), *real])
+    failing_builtin(monkeypatch, "threads", "inferno.backends.threaded", "gone", first=True)
     with pytest.warns(BackendPluginWarning):
         infos = list_backends()
     assert [(i.name, i.origin, i.ok) for i in infos][:3] == [
@@ -622,16 +624,7 @@ def test_a_builtin_module_failing_under_another_entry_point_name_comes_after_the
 @pytest.mark.parametrize("broken", ["numpy", "array-api", "cpu-threaded"])
 def test_a_broken_builtin_keeps_its_place_in_the_list(monkeypatch, broken):
     # Its import fails before the others register: it is listed where it belongs all the same.
-    module = registry._BUILTINS[broken]
-
-    class Failing:
-        name, value, dist = broken, module, None
-
-        def load(self):
-            raise ImportError("gone")
-
-    real = [ep for ep in registry._entry_points() if ep.value != module]
-    monkeypatch.setattr(registry, "_entry_points", lambda: [Failing(), *real])
+    failing_builtin(monkeypatch, broken, registry._BUILTINS[broken], "gone", first=True)
     with pytest.warns(BackendPluginWarning):
         infos = list_backends()
     assert [i.name for i in infos][:3] == ["numpy", "array-api", "cpu-threaded"]
