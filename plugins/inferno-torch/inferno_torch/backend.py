@@ -333,7 +333,8 @@ def _release_freed_memory() -> None:
     Each linear weight passes through two temporaries (the transposed float32 copy, the [out, in]
     tensor oneDNN packs from) that are freed right away; but once wte's 154 MB has been freed, glibc
     serves such sizes from its heap, which keeps them: loading the 124M weights in bfloat16 peaked at
-    1.22x the 326 MB held, and at 1.02x trimming after each (19 ms in all, measured).
+    1.22x the 326 MB held, and at 1.07x trimming after each (the test's measure: a fresh process's
+    VmHWM; 19 ms of trimming in all).
     """
     global _TRIM
     if _TRIM is None:
