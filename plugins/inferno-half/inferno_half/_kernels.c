@@ -15,7 +15,7 @@
    An AVX2 + FMA + F16C path is chosen at run time where the CPU has it; otherwise portable C.
    The output rows are split among OpenMP threads where the compiler supports OpenMP.
 
-   The functions are plain C, called through ctypes; the Python module around them is empty. */
+   Python calls them through the functions at the end of this file, which take NumPy arrays. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -183,7 +183,7 @@ static int use_x86 = -1;
 #endif
 
 /* Which code path runs here: 1 = AVX2 + FMA + F16C, 0 = portable C. */
-int inferno_half_simd(void) {
+static int simd_path(void) {
 #if HAVE_X86
     if (use_x86 < 0) use_x86 = cpu_has_x86();
     return use_x86;
@@ -194,18 +194,18 @@ int inferno_half_simd(void) {
 
 /* With `portable` 1, every later call takes the portable C path even where the CPU has AVX2 (the tests
    run it so on x86 machines; it is what ARM and older CPUs run); 0 goes back to the detected path.
-   Returns inferno_half_simd() after the change. */
-int inferno_half_force_portable(int portable) {
+   Returns simd_path() after the change. */
+static int force_portable(int portable) {
 #if HAVE_X86
     use_x86 = portable ? 0 : cpu_has_x86();
 #else
     (void)portable;
 #endif
-    return inferno_half_simd();
+    return simd_path();
 }
 
 /* The largest number of threads a call may use (1 without OpenMP). */
-int inferno_half_max_threads(void) {
+static int max_threads(void) {
 #ifdef _OPENMP
     return omp_get_max_threads();
 #else
@@ -216,11 +216,11 @@ int inferno_half_max_threads(void) {
 /* y = x @ w.T + b, see the top of the file: x is [M, kp] (kp = K padded to a multiple of 8, the padding
    zero), w the blocked weights of N rows (N padded to np8), y [M, N]; with `act` 1, y = gelu_new(x @ w.T
    + b) (the MLP's first product). The 8-row blocks are split among `threads` threads. Returns 0. */
-int inferno_half_matmul(const float *x, int64_t m_rows, int64_t kp, const uint16_t *w, int64_t n,
+static int matmul_blocks(const float *x, int64_t m_rows, int64_t kp, const uint16_t *w, int64_t n,
                         const float *b, float *y, int fmt, int threads, int act) {
     int64_t blocks = (n + 7) / 8, per = 8;  /* 64 output rows per task */
     int64_t tasks = (blocks + per - 1) / per;
-    int simd = inferno_half_simd();
+    int simd = simd_path();
     (void)threads; (void)simd;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1) if (threads > 1)
@@ -238,7 +238,7 @@ int inferno_half_matmul(const float *x, int64_t m_rows, int64_t kp, const uint16
 /* The float32 rows j0 .. j1 - 1 (j0 a multiple of 8) of the blocked weights, as a plain [j1 - j0, k]
    array (k <= kp: the padding columns are left out). For products of many rows, which BLAS does faster
    on float32 weights than any kernel here. Split among `threads` threads. Returns 0. */
-int inferno_half_unpack(const uint16_t *w, int64_t kp, int64_t j0, int64_t j1, int64_t k, float *dst,
+static int unpack_rows(const uint16_t *w, int64_t kp, int64_t j0, int64_t j1, int64_t k, float *dst,
                         int fmt, int threads) {
     (void)threads;
 #ifdef _OPENMP
@@ -249,7 +249,7 @@ int inferno_half_unpack(const uint16_t *w, int64_t kp, int64_t j0, int64_t j1, i
         float *row = dst + (j - j0) * k;
         int64_t i = 0;
 #if HAVE_X86
-        if (inferno_half_simd()) i = unpack_row_x86(blk, k, row, fmt);
+        if (simd_path()) i = unpack_row_x86(blk, k, row, fmt);
 #endif
         for (; i < k; i++) row[i] = widen(blk[(i / 8) * 64 + i % 8], fmt);
     }
@@ -262,7 +262,7 @@ int inferno_half_unpack(const uint16_t *w, int64_t kp, int64_t j0, int64_t j1, i
 
 
 /* Layer norm over the last axis of x [rows, c] (biased variance, sums in double), into out. */
-int inferno_half_layernorm(const float *x, int64_t rows, int64_t c, const float *gamma, const float *beta,
+static int layernorm_rows(const float *x, int64_t rows, int64_t c, const float *gamma, const float *beta,
                            double eps, float *out) {
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * c;
@@ -357,7 +357,7 @@ static void attend_all(int64_t b, int64_t h, int64_t t, int64_t d, const float *
                        int64_t q_t, const float *k, const float *v, int64_t l, int64_t offset, float *out,
                        int64_t o_s, int64_t o_h, int64_t o_t, int threads) {
     float scale = 1.0f / sqrtf((float)d);
-    int simd = HAVE_X86 && d % 8 == 0 && inferno_half_simd();
+    int simd = HAVE_X86 && d % 8 == 0 && simd_path();
     float *heap = NULL;
     if (simd && offset + t > STACK_KEYS) {
         heap = malloc(sizeof(float) * (size_t)(offset + t) * (size_t)(b * h * t));
@@ -387,20 +387,12 @@ static void attend_all(int64_t b, int64_t h, int64_t t, int64_t d, const float *
     free(heap);
 }
 
-/* Causal attention of one sequence: q [h, t, d], k and v the cache [h, l, d], out [h, t, d] (see
-   attend_all). Returns 0. */
-int inferno_half_attention(const float *q, int64_t h, int64_t t, int64_t d, const float *k, const float *v,
-                           int64_t l, int64_t offset, float *out, int threads) {
-    attend_all(1, h, t, d, q, 0, t * d, d, k, v, l, offset, out, 0, t * d, d, threads);
-    return 0;
-}
-
 /* The attention of a decode step from the fused projection: qkv [b, t, 3, h, d] (the c_attn product of b
    sequences of t new tokens, bias added) → the keys and values written into the caches k, v [b, h, l, d]
    at positions offset .. offset + t - 1, and the attention of the queries into out [b, t, h, d] (the
    layout c_proj takes). One call instead of NumPy's head split, two cache writes, a query copy and the
    head merge. Returns 0. */
-int inferno_half_qkv_attention(const float *qkv, int64_t b, int64_t t, int64_t h, int64_t d, float *k, float *v,
+static int qkv_attention(const float *qkv, int64_t b, int64_t t, int64_t h, int64_t d, float *k, float *v,
                                int64_t l, int64_t offset, float *out, int threads) {
     int64_t c = h * d;
     for (int64_t seq = 0; seq < b; seq++)
@@ -415,9 +407,289 @@ int inferno_half_qkv_attention(const float *qkv, int64_t b, int64_t t, int64_t h
     return 0;
 }
 
-/* An importable module, so that setuptools builds and installs this file like any extension; Python
-   finds its path and ctypes loads the functions above from it. */
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernels", "inferno-half's C kernels (see ctypes)",
-                                    -1, NULL, NULL, NULL, NULL, NULL};
+/* ------------------------------------------------------------ the Python functions (buffer protocol)
+   Arrays come in through the buffer protocol, ~0.05 us an array: through ctypes, a NumPy array's
+   .ctypes.data alone cost 0.8 us, and a decode step passed ~250 of them (1 ms of a ~6 ms step, measured
+   on the development machine). Each function checks what it is given (dtype, C order, shape) and, when
+   an array is not what it takes, computes nothing and returns False: the caller then runs its NumPy path.
+   It returns True when it has computed. The GIL is released while it computes. */
+
+#define MAX_HELD 12
+
+typedef struct { Py_buffer v[MAX_HELD]; int n; } Held;
+
+static void release(Held *h) {
+    for (int i = 0; i < h->n; i++) PyBuffer_Release(&h->v[i]);
+    h->n = 0;
+}
+
+/* The buffer of `o` if it is a C-ordered array of `code` ('f': float32, 'H': uint16), native byte order,
+   with `ndim` dimensions (any number, at least one, for ndim < 0); else NULL, with no error set. */
+static Py_buffer *take(Held *h, PyObject *o, char code, int ndim, int writable) {
+    if (h->n == MAX_HELD) return NULL;
+    Py_buffer *v = &h->v[h->n];
+    if (PyObject_GetBuffer(o, v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0)) < 0) {
+        PyErr_Clear();
+        return NULL;
+    }
+    h->n++;
+    const char *f = v->format ? v->format : "B";
+    if (f[0] == '@' || f[0] == '=') f++;
+    if (f[0] != code || f[1] != '\0' || v->itemsize != (code == 'f' ? 4 : 2)) return NULL;
+    if (ndim >= 0 ? v->ndim != ndim : v->ndim < 1) return NULL;
+    return v;
+}
+
+/* Blocked 16-bit weights of n output rows over k inputs (see the top of the file): a uint16 array
+   [ceil(n/8), ceil(k/8), 8, 8]. Its padded width kp is set. NULL if it is not that. */
+static Py_buffer *take_weight(Held *h, PyObject *o, int64_t n, int64_t k, int64_t *kp) {
+    Py_buffer *v = take(h, o, 'H', 4, 0);
+    if (!v || n < 1 || k < 1 || v->shape[0] != (n + 7) / 8 || v->shape[1] != (k + 7) / 8 || v->shape[2] != 8
+        || v->shape[3] != 8)
+        return NULL;
+    *kp = v->shape[1] * 8;
+    return v;
+}
+
+/* A float32 vector of n values, or None (*out NULL). 0 if it is neither. */
+static int take_vector(Held *h, PyObject *o, int64_t n, const float **out) {
+    *out = NULL;
+    if (o == Py_None) return 1;
+    Py_buffer *v = take(h, o, 'f', 1, 0);
+    if (!v || v->shape[0] != n) return 0;
+    *out = v->buf;
+    return 1;
+}
+
+static int as_int64(PyObject *o, int64_t *out) {
+    long long v = PyLong_AsLongLong(o);
+    if (v == -1 && PyErr_Occurred()) return 0;
+    *out = (int64_t)v;
+    return 1;
+}
+
+static int check_nargs(Py_ssize_t n, Py_ssize_t want, const char *name) {
+    if (n == want) return 1;
+    PyErr_Format(PyExc_TypeError, "%s() takes %zd arguments (%zd given)", name, want, n);
+    return 0;
+}
+
+/* y [m, n] = x [m, k] @ w.T + b (then gelu_new with act), copying x into a zero-padded buffer where k is
+   not a multiple of 8. Returns 0, or -1 out of memory. Runs without the GIL. */
+static int product(const float *x, int64_t m, int64_t k, const uint16_t *w, int64_t kp, int64_t n, const float *b,
+                   float *y, int fmt, int threads, int act) {
+    float *pad = NULL;
+    if (k != kp) {
+        pad = calloc((size_t)(m * kp), sizeof(float));
+        if (!pad) return -1;
+        for (int64_t r = 0; r < m; r++) memcpy(pad + r * kp, x + r * k, sizeof(float) * (size_t)k);
+        x = pad;
+    }
+    matmul_blocks(x, m, kp, w, n, b, y, fmt, threads, act);
+    free(pad);
+    return 0;
+}
+
+#define NOT_TAKEN do { release(&h); Py_RETURN_FALSE; } while (0)
+
+/* matmul(x, w, n, b, y, fmt, threads, gelu): y [m, n] = x [m, k] @ the blocked w (n rows) .T + b (None:
+   none), gelu_new after with gelu true. */
+static PyObject *py_matmul(PyObject *self, PyObject *const *a, Py_ssize_t na) {
+    (void)self;
+    Held h = {.n = 0};
+    int64_t n, fmt, threads, kp;
+    if (!check_nargs(na, 8, "matmul") || !as_int64(a[2], &n) || !as_int64(a[5], &fmt) || !as_int64(a[6], &threads))
+        return NULL;
+    int act = PyObject_IsTrue(a[7]);
+    if (act < 0) return NULL;
+    const float *b;
+    Py_buffer *x = take(&h, a[0], 'f', 2, 0);
+    if (!x) NOT_TAKEN;
+    int64_t m = x->shape[0], k = x->shape[1];
+    Py_buffer *w = take_weight(&h, a[1], n, k, &kp);
+    Py_buffer *y = take(&h, a[4], 'f', 2, 1);
+    if (!w || !y || !take_vector(&h, a[3], n, &b) || y->shape[0] != m || y->shape[1] != n) NOT_TAKEN;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = product(x->buf, m, k, w->buf, kp, n, b, y->buf, (int)fmt, (int)threads, act);
+    Py_END_ALLOW_THREADS
+    release(&h);
+    if (rc) return PyErr_NoMemory();
+    Py_RETURN_TRUE;
+}
+
+/* unpack(w, n, j0, j1, k, out, fmt, threads): rows j0 .. j1 - 1 (j0 a multiple of 8) of the blocked w
+   (n rows of k) as float32 into out [j1 - j0, k]. */
+static PyObject *py_unpack(PyObject *self, PyObject *const *a, Py_ssize_t na) {
+    (void)self;
+    Held h = {.n = 0};
+    int64_t n, j0, j1, k, fmt, threads, kp;
+    if (!check_nargs(na, 8, "unpack") || !as_int64(a[1], &n) || !as_int64(a[2], &j0) || !as_int64(a[3], &j1)
+        || !as_int64(a[4], &k) || !as_int64(a[6], &fmt) || !as_int64(a[7], &threads))
+        return NULL;
+    Py_buffer *w = take_weight(&h, a[0], n, k, &kp);
+    Py_buffer *out = take(&h, a[5], 'f', 2, 1);
+    if (!w || !out || j0 < 0 || j0 % 8 || j1 > n || j1 < j0 || out->shape[0] != j1 - j0 || out->shape[1] != k)
+        NOT_TAKEN;
+    Py_BEGIN_ALLOW_THREADS
+    unpack_rows(w->buf, kp, j0, j1, k, out->buf, (int)fmt, (int)threads);
+    Py_END_ALLOW_THREADS
+    release(&h);
+    Py_RETURN_TRUE;
+}
+
+/* layernorm(x, gamma, beta, eps, out): over the last axis of x (any shape), into out (the same shape). */
+static PyObject *py_layernorm(PyObject *self, PyObject *const *a, Py_ssize_t na) {
+    (void)self;
+    Held h = {.n = 0};
+    if (!check_nargs(na, 5, "layernorm")) return NULL;
+    double eps = PyFloat_AsDouble(a[3]);
+    if (eps == -1.0 && PyErr_Occurred()) return NULL;
+    const float *gamma, *beta;
+    Py_buffer *x = take(&h, a[0], 'f', -1, 0);
+    if (!x) NOT_TAKEN;
+    int64_t c = x->shape[x->ndim - 1], rows = c ? x->len / 4 / c : 0;
+    Py_buffer *out = take(&h, a[4], 'f', -1, 1);
+    if (!out || c < 1 || out->len != x->len || !take_vector(&h, a[1], c, &gamma) || !take_vector(&h, a[2], c, &beta)
+        || !gamma || !beta)
+        NOT_TAKEN;
+    Py_BEGIN_ALLOW_THREADS
+    layernorm_rows(x->buf, rows, c, gamma, beta, eps, out->buf);
+    Py_END_ALLOW_THREADS
+    release(&h);
+    Py_RETURN_TRUE;
+}
+
+/* Whether k and v are KV caches [b, h, l, d] with room for positions offset .. offset + t - 1. */
+static int caches_fit(Py_buffer *k, Py_buffer *v, int64_t b, int64_t hd, int64_t d, int64_t offset, int64_t t) {
+    if (!k || !v || offset < 0 || k->buf == v->buf) return 0;
+    for (int i = 0; i < 4; i++)
+        if (k->shape[i] != v->shape[i]) return 0;
+    return k->shape[0] == b && k->shape[1] == hd && k->shape[3] == d && k->shape[2] >= offset + t;
+}
+
+/* attention(q, k, v, offset, out, threads): causal attention of the queries q [b, h, t, d] at positions
+   offset .. offset + t - 1 over the caches k, v [b, h, l, d], into out [b, h, t, d]. */
+static PyObject *py_attention(PyObject *self, PyObject *const *a, Py_ssize_t na) {
+    (void)self;
+    Held h = {.n = 0};
+    int64_t offset, threads;
+    if (!check_nargs(na, 6, "attention") || !as_int64(a[3], &offset) || !as_int64(a[5], &threads)) return NULL;
+    Py_buffer *q = take(&h, a[0], 'f', 4, 0);
+    if (!q) NOT_TAKEN;
+    int64_t b = q->shape[0], hd = q->shape[1], t = q->shape[2], d = q->shape[3];
+    Py_buffer *k = take(&h, a[1], 'f', 4, 0), *v = take(&h, a[2], 'f', 4, 0), *out = take(&h, a[4], 'f', 4, 1);
+    if (!caches_fit(k, v, b, hd, d, offset, t) || !out || out->len != q->len || d < 1 || t < 1) NOT_TAKEN;
+    int64_t l = k->shape[2];
+    Py_BEGIN_ALLOW_THREADS
+    attend_all(b, hd, t, d, q->buf, hd * t * d, t * d, d, k->buf, v->buf, l, offset, out->buf, hd * t * d, t * d, d,
+               (int)threads);
+    Py_END_ALLOW_THREADS
+    release(&h);
+    Py_RETURN_TRUE;
+}
+
+/* self_attention(x, w_attn, b_attn, w_proj, b_proj, k, v, offset, n_head, fmt, threads, out): a decode
+   step's attention block in one call: qkv = x [b, t, c] @ w_attn (3c rows) + b_attn; its keys and values
+   written into the caches k, v [b, n_head, l, c / n_head] at offset ..; the attention of its queries;
+   then @ w_proj (c rows) + b_proj into out [b, t, c]. */
+static PyObject *py_self_attention(PyObject *self, PyObject *const *a, Py_ssize_t na) {
+    (void)self;
+    Held h = {.n = 0};
+    int64_t offset, n_head, fmt, threads, kp_attn, kp_proj;
+    if (!check_nargs(na, 12, "self_attention") || !as_int64(a[7], &offset) || !as_int64(a[8], &n_head)
+        || !as_int64(a[9], &fmt) || !as_int64(a[10], &threads))
+        return NULL;
+    const float *b_attn, *b_proj;
+    Py_buffer *x = take(&h, a[0], 'f', 3, 0);
+    if (!x || n_head < 1) NOT_TAKEN;
+    int64_t b = x->shape[0], t = x->shape[1], c = x->shape[2], m = b * t, d = c / n_head;
+    Py_buffer *wa = take_weight(&h, a[1], 3 * c, c, &kp_attn), *wp = take_weight(&h, a[3], c, c, &kp_proj);
+    Py_buffer *k = take(&h, a[5], 'f', 4, 1), *v = take(&h, a[6], 'f', 4, 1), *out = take(&h, a[11], 'f', 3, 1);
+    if (!wa || !wp || !out || c % n_head || !caches_fit(k, v, b, n_head, d, offset, t) || out->len != x->len
+        || !take_vector(&h, a[2], 3 * c, &b_attn) || !take_vector(&h, a[4], c, &b_proj))
+        NOT_TAKEN;
+    int64_t l = k->shape[2];
+    float *qkv = malloc(sizeof(float) * (size_t)(m * 4 * c));  /* qkv [m, 3c], then y [m, c] */
+    if (!qkv) { release(&h); return PyErr_NoMemory(); }
+    float *y = qkv + m * 3 * c;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = product(x->buf, m, c, wa->buf, kp_attn, 3 * c, b_attn, qkv, (int)fmt, (int)threads, 0);
+    if (!rc) qkv_attention(qkv, b, t, n_head, d, k->buf, v->buf, l, offset, y, (int)threads);
+    if (!rc) rc = product(y, m, c, wp->buf, kp_proj, c, b_proj, out->buf, (int)fmt, (int)threads, 0);
+    Py_END_ALLOW_THREADS
+    free(qkv);
+    release(&h);
+    if (rc) return PyErr_NoMemory();
+    Py_RETURN_TRUE;
+}
+
+/* mlp(x, w_fc, f, b_fc, w_proj, b_proj, fmt, threads, out): out [m, c] = gelu_new(x [m, c] @ w_fc (f rows)
+   + b_fc) @ w_proj (c rows) + b_proj: the MLP of a decode step in one call, the GELU inside the first
+   product. */
+static PyObject *py_mlp(PyObject *self, PyObject *const *a, Py_ssize_t na) {
+    (void)self;
+    Held h = {.n = 0};
+    int64_t f, fmt, threads, kp_fc, kp_proj;
+    if (!check_nargs(na, 9, "mlp") || !as_int64(a[2], &f) || !as_int64(a[6], &fmt) || !as_int64(a[7], &threads))
+        return NULL;
+    const float *b_fc, *b_proj;
+    Py_buffer *x = take(&h, a[0], 'f', 2, 0);
+    if (!x) NOT_TAKEN;
+    int64_t m = x->shape[0], c = x->shape[1];
+    Py_buffer *wf = take_weight(&h, a[1], f, c, &kp_fc), *wp = take_weight(&h, a[4], c, f, &kp_proj);
+    Py_buffer *out = take(&h, a[8], 'f', 2, 1);
+    if (!wf || !wp || !out || out->len != x->len || !take_vector(&h, a[3], f, &b_fc)
+        || !take_vector(&h, a[5], c, &b_proj))
+        NOT_TAKEN;
+    float *hidden = malloc(sizeof(float) * (size_t)(m * f));
+    if (!hidden) { release(&h); return PyErr_NoMemory(); }
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = product(x->buf, m, c, wf->buf, kp_fc, f, b_fc, hidden, (int)fmt, (int)threads, 1);
+    if (!rc) rc = product(hidden, m, f, wp->buf, kp_proj, c, b_proj, out->buf, (int)fmt, (int)threads, 0);
+    Py_END_ALLOW_THREADS
+    free(hidden);
+    release(&h);
+    if (rc) return PyErr_NoMemory();
+    Py_RETURN_TRUE;
+}
+
+static PyObject *py_simd(PyObject *self, PyObject *unused) {
+    (void)self; (void)unused;
+    return PyLong_FromLong(simd_path());
+}
+
+static PyObject *py_force_portable(PyObject *self, PyObject *flag) {
+    (void)self;
+    int portable = PyObject_IsTrue(flag);
+    if (portable < 0) return NULL;
+    return PyLong_FromLong(force_portable(portable));
+}
+
+static PyObject *py_max_threads(PyObject *self, PyObject *unused) {
+    (void)self; (void)unused;
+    return PyLong_FromLong(max_threads());
+}
+
+#define FAST(name, doc) {#name, (PyCFunction)(void (*)(void))py_##name, METH_FASTCALL, doc}
+static PyMethodDef functions[] = {
+    FAST(matmul, "matmul(x, w, n, b, y, fmt, threads, gelu) -> bool: y = x @ w.T + b, w blocked 16-bit."),
+    FAST(unpack, "unpack(w, n, j0, j1, k, out, fmt, threads) -> bool: rows j0..j1-1 of w as float32."),
+    FAST(layernorm, "layernorm(x, gamma, beta, eps, out) -> bool: layer norm over the last axis."),
+    FAST(attention, "attention(q, k, v, offset, out, threads) -> bool: causal attention over KV caches."),
+    FAST(self_attention, "self_attention(x, w_attn, b_attn, w_proj, b_proj, k, v, offset, n_head, fmt, "
+                         "threads, out) -> bool: a decode step's attention block."),
+    FAST(mlp, "mlp(x, w_fc, f, b_fc, w_proj, b_proj, fmt, threads, out) -> bool: a decode step's MLP."),
+    {"simd", py_simd, METH_NOARGS, "simd() -> 1 on the AVX2 + FMA + F16C path, 0 on portable C."},
+    {"force_portable", py_force_portable, METH_O,
+     "force_portable(flag) -> simd(): with flag true, every later call takes the portable C path."},
+    {"max_threads", py_max_threads, METH_NOARGS, "max_threads() -> the most threads a call may use."},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernels",
+                                    "inferno-half's C kernels (see the comment at the top of _kernels.c).", -1,
+                                    functions, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__kernels(void) { return PyModule_Create(&module); }

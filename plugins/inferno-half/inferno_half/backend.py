@@ -23,13 +23,19 @@ products and exponentials: 14 us a layer at 100 cached tokens, against 41 for a 
 NumPy's stacked matmuls, plus the head split, cache writes and merge it saves); and the MLP's GELU,
 computed inside the c_fc product (NumPy's nine passes over 3072 values cost ~10 us, 12 times a step).
 
+Each C function takes the NumPy arrays themselves, through the buffer protocol (~0.05 us an array), and
+a decode step makes one call per layer norm, attention block and MLP (49 a 12-layer step). Through
+ctypes, as before, `.ctypes.data` alone cost 0.8 us an array, ~250 arrays a step: the step went from
+~5.0 to ~4.5 ms on the development machine (`benches/sixteen_bit.py`). A function declines (returns
+False, computing nothing) an array it does not take (another dtype or order, a cache without room), and
+the NumPy path runs instead.
+
 Without the compiled kernel (no C compiler at install) every product takes the unpacking path in
 NumPy: correct, and slow; `inferno backends` says so in the description of the backend.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -54,25 +60,12 @@ MAX_THREADS = 1024
 
 
 def _load_kernels() -> Any:
-    """The compiled kernels through ctypes, or None when the extension was not built."""
+    """The compiled kernels (`_kernels.c`), or None when the extension was not built."""
     try:
         from inferno_half import _kernels
     except ImportError:
         return None
-    lib = ctypes.CDLL(_kernels.__file__)
-    p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    lib.inferno_half_matmul.argtypes = [p, i64, i64, p, i64, p, p, i32, i32, i32]
-    lib.inferno_half_unpack.argtypes = [p, i64, i64, i64, i64, p, i32, i32]
-    lib.inferno_half_layernorm.argtypes = [p, i64, i64, p, p, ctypes.c_double, p]
-    lib.inferno_half_attention.argtypes = [p, i64, i64, i64, p, p, i64, i64, p, i32]
-    lib.inferno_half_qkv_attention.argtypes = [p, i64, i64, i64, i64, p, p, i64, i64, p, i32]
-    lib.inferno_half_force_portable.argtypes = [i32]
-    for f in (lib.inferno_half_matmul, lib.inferno_half_unpack, lib.inferno_half_simd,
-              lib.inferno_half_force_portable,
-              lib.inferno_half_max_threads, lib.inferno_half_layernorm, lib.inferno_half_attention,
-              lib.inferno_half_qkv_attention):
-        f.restype = i32
-    return lib
+    return _kernels
 
 
 _KERNELS = _load_kernels()
@@ -114,11 +107,10 @@ class Weight16:
     [out/8][in/8][8 rows][8 columns], so that the kernel reads them in order. ``shape`` is [in, out],
     the protocol's view of a linear weight; ``rows`` is [out, in], the embedding's."""
 
-    __slots__ = ("blocks", "rows", "fmt", "ptr")
+    __slots__ = ("blocks", "rows", "fmt")
 
     def __init__(self, blocks: np.ndarray, rows: tuple[int, int], fmt: str) -> None:
         self.blocks, self.rows, self.fmt = blocks, rows, fmt
-        self.ptr = blocks.ctypes.data  # looked up once: each decode step makes 49 calls
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -230,58 +222,54 @@ class HalfBackend(NumpyBackend):
         return tok + wpe[offset : offset + ids.shape[-1]]
 
     def layernorm(self, x, gamma, beta, eps):
-        if _KERNELS is None or x.dtype != np.float32:
-            return super().layernorm(x, gamma, beta, eps)
         # One C call: NumPy's six passes cost ~20 us for one 768-wide row, 25 times a decode step.
-        x = np.ascontiguousarray(x)
-        out = np.empty_like(x)
-        c = x.shape[-1]
-        _KERNELS.inferno_half_layernorm(x.ctypes.data, x.size // c, c, _f32(gamma).ctypes.data,
-                                        _f32(beta).ctypes.data, float(eps), out.ctypes.data)
-        return out
+        if _KERNELS is not None:
+            x = np.ascontiguousarray(x)
+            out = np.empty_like(x)
+            if _KERNELS.layernorm(x, _f32(gamma), _f32(beta), float(eps), out):
+                return out
+        return super().layernorm(x, gamma, beta, eps)
 
     def attention(self, q, k_cache, v_cache, offset):
-        b, h, t, d = q.shape
-        if _KERNELS is None or t > SMALL_M or not (k_cache.flags.c_contiguous and v_cache.flags.c_contiguous):
-            # Its matmuls on one BLAS thread: OpenBLAS's pool, once woken, spins and slows the kernel
-            # that runs next (see `_one_blas_thread`).
-            with _one_blas_thread():
-                return super().attention(q, k_cache, v_cache, offset)
-        # A few queries (decode): one C call per sequence instead of NumPy's stacked matmuls and softmax
-        # (~50 us a layer at 64 cached tokens).
-        q = np.ascontiguousarray(q, dtype=np.float32)
-        out = np.empty_like(q)
-        length = k_cache.shape[2]
-        for i in range(b):
-            _KERNELS.inferno_half_attention(q[i].ctypes.data, h, t, d, k_cache[i].ctypes.data,
-                                            v_cache[i].ctypes.data, length, offset, out[i].ctypes.data,
-                                            self.threads)
-        return out
+        if _KERNELS is not None and q.shape[2] <= SMALL_M:
+            # A few queries (decode): one C call instead of NumPy's stacked matmuls and softmax (~50 us a
+            # layer at 64 cached tokens).
+            q = np.ascontiguousarray(q, dtype=np.float32)
+            out = np.empty_like(q)
+            if _KERNELS.attention(q, k_cache, v_cache, int(offset), out, self.threads):
+                return out
+        # Its matmuls on one BLAS thread: OpenBLAS's pool, once woken, spins and slows the kernel that
+        # runs next (see `_one_blas_thread`).
+        with _one_blas_thread():
+            return super().attention(q, k_cache, v_cache, offset)
 
     def mlp(self, x, w_fc, b_fc, w_proj, b_proj):
         rows = x.reshape(-1, x.shape[-1])
-        if (_KERNELS is None or rows.shape[0] > SMALL_M or not isinstance(w_fc, Weight16)
-                or not isinstance(w_proj, Weight16)):
-            return super().mlp(x, w_fc, b_fc, w_proj, b_proj)
-        # Decode: the GELU inside the first product's kernel (NumPy's nine passes over 3072 values cost
-        # ~10 us, 12 times a step).
-        hidden = self._matmul(rows, w_fc, b_fc, gelu=True)
-        return self._matmul(hidden, w_proj, b_proj).reshape(*x.shape[:-1], w_proj.rows[0])
+        if (_KERNELS is not None and rows.shape[0] <= SMALL_M and type(w_fc) is Weight16
+                and type(w_proj) is Weight16):
+            # Decode: both products in one C call, the GELU inside the first (NumPy's nine passes over
+            # 3072 values cost ~10 us, 12 times a step).
+            rows = np.ascontiguousarray(rows, dtype=np.float32)
+            out = np.empty((rows.shape[0], w_proj.rows[0]), np.float32)
+            if _KERNELS.mlp(rows, w_fc.blocks, w_fc.rows[0], _bias(b_fc), w_proj.blocks, _bias(b_proj),
+                            self._code, self.threads, out):
+                return out.reshape(x.shape)
+        return super().mlp(x, w_fc, b_fc, w_proj, b_proj)
 
     def self_attention(self, x, w_attn, b_attn, w_proj, b_proj, kv, offset, n_head):
         b, t, c = x.shape
-        k_cache, v_cache = kv
-        if (_KERNELS is None or b * t > SMALL_M or not isinstance(w_attn, Weight16)
-                or not isinstance(w_proj, Weight16) or not _fits(k_cache, v_cache, (b, n_head), offset + t)):
-            return super().self_attention(x, w_attn, b_attn, w_proj, b_proj, kv, offset, n_head)
-        # Decode: after the fused projection, one C call writes the new keys and values into the cache
-        # and attends, reading the heads where the projection left them (no split, copy or merge).
-        qkv = self._matmul(x.reshape(b * t, c), w_attn, b_attn)
-        y = np.empty((b * t, c), np.float32)
-        _KERNELS.inferno_half_qkv_attention(qkv.ctypes.data, b, t, n_head, c // n_head, k_cache.ctypes.data,
-                                            v_cache.ctypes.data, k_cache.shape[2], offset, y.ctypes.data,
-                                            self.threads)
-        return self._matmul(y, w_proj, b_proj).reshape(b, t, w_proj.rows[0]), (k_cache, v_cache)
+        if (_KERNELS is not None and b * t <= SMALL_M and type(w_attn) is Weight16
+                and type(w_proj) is Weight16):
+            # Decode: one C call runs the fused projection, writes the new keys and values into the cache,
+            # attends (reading the heads where the projection left them: no split, copy or merge), and
+            # runs c_proj. It declines (False) caches that are not this backend's own [B, H, L, D] float32
+            # arrays with room for the new tokens.
+            x = np.ascontiguousarray(x, dtype=np.float32)
+            out = np.empty_like(x)
+            if _KERNELS.self_attention(x, w_attn.blocks, _bias(b_attn), w_proj.blocks, _bias(b_proj), kv[0],
+                                       kv[1], int(offset), n_head, self._code, self.threads, out):
+                return out, kv
+        return super().self_attention(x, w_attn, b_attn, w_proj, b_proj, kv, offset, n_head)
 
     def _matmul(self, x: np.ndarray, w: Weight16, b: np.ndarray | None, gelu: bool = False) -> np.ndarray:
         """[M, K] float32 @ the [K, N] that `w` holds, + b (then gelu_new, with `gelu`): the kernel for a
@@ -289,19 +277,10 @@ class HalfBackend(NumpyBackend):
         m, k = x.shape
         n = w.rows[0]
         if _KERNELS is not None and m <= SMALL_M:
-            kp = w.blocks.shape[1] * 8
-            if kp != k:  # shapes that are not multiples of 8 (small test models): pad the activations
-                xp = np.zeros((m, kp), np.float32)
-                xp[:, :k] = x
-                x = xp
-            else:
-                x = np.ascontiguousarray(x, dtype=np.float32)
             y = np.empty((m, n), np.float32)
-            bias = None if b is None else np.ascontiguousarray(b, dtype=np.float32)
-            _KERNELS.inferno_half_matmul(x.ctypes.data, m, kp, w.ptr, n,
-                                         None if bias is None else bias.ctypes.data, y.ctypes.data,
-                                         self._code, self.threads, int(gelu))
-            return y
+            x = np.ascontiguousarray(x, dtype=np.float32)
+            if _KERNELS.matmul(x, w.blocks, n, _bias(b), y, self._code, self.threads, gelu):
+                return y
         y = np.empty((m, n), np.float32)
         parts = _split(n, self.threads if _KERNELS is not None else 1)
         if len(parts) == 1:
@@ -338,22 +317,18 @@ class HalfBackend(NumpyBackend):
         n, k = w.rows
         if _KERNELS is not None:
             out = np.empty((j1 - j0, k), np.float32)
-            _KERNELS.inferno_half_unpack(w.ptr, w.blocks.shape[1] * 8, j0, j1, k,
-                                         out.ctypes.data, self._code, 1)
-            return out
+            if _KERNELS.unpack(w.blocks, n, j0, j1, k, out, self._code, 1):
+                return out
         part = w.blocks[j0 // 8 : (j1 + 7) // 8].transpose(0, 2, 1, 3).reshape(-1, w.blocks.shape[1] * 8)
         return from_bits(np.ascontiguousarray(part[: j1 - j0, :k]), w.fmt)
 
 
-def _fits(k_cache: Any, v_cache: Any, lead: tuple[int, int], length: int) -> bool:
-    """Whether the caches are this backend's own [B, H, L, D] float32 arrays for `lead` = (B, H), C-ordered
-    (the C kernel writes into them) and at least `length` long."""
-    return all(isinstance(a, np.ndarray) and a.dtype == np.float32 and a.flags.c_contiguous
-               and a.ndim == 4 and a.shape[:2] == lead and a.shape[2] >= length for a in (k_cache, v_cache))
-
-
 def _f32(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.float32)
+
+
+def _bias(b: np.ndarray | None) -> np.ndarray | None:
+    return None if b is None else np.ascontiguousarray(b, dtype=np.float32)
 
 
 def _split(n: int, parts: int) -> list[tuple[int, int]]:

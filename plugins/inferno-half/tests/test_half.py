@@ -33,11 +33,11 @@ def kernel_path(request):
         yield request.param
         return
     if request.param == "portable":
-        assert kernels.inferno_half_force_portable(1) == 0
+        assert kernels.force_portable(1) == 0
     try:
         yield request.param
     finally:
-        kernels.inferno_half_force_portable(0)
+        kernels.force_portable(0)
 
 
 def bf16_reference(a: np.ndarray) -> np.ndarray:
@@ -180,7 +180,7 @@ def test_kernel_is_compiled_and_uses_simd_here():
     assert HalfBackend().compiled
     import platform
     if platform.machine() in ("x86_64", "AMD64"):
-        assert hb._KERNELS.inferno_half_simd() in (0, 1)
+        assert hb._KERNELS.simd() in (0, 1)
 
 
 def test_registered_with_its_options():
@@ -394,3 +394,116 @@ def test_layernorm_matches_float64(shape, kernel_path):
     got = HalfBackend().layernorm(x, gamma, beta, 1e-5)
     assert got.dtype == np.float32
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_decode_runs_in_the_c_kernels_only(model_dir, monkeypatch):
+    # A prompt of up to SMALL_M tokens and every decode step take the C kernels: none of them may fall
+    # back to NumPy's (a kernel that declined what it should take would be correct, and 2x slower).
+    from inferno.backends.numpy_backend import NumpyBackend
+
+    pipe = inferno.load(model_dir, "half", download=False)
+    want = pipe.generate("Hello there", max_new_tokens=6, stop_at_eos=False).ids
+
+    def refused(name):
+        def kernel(*args, **kwargs):
+            raise AssertionError(f"NumPy's {name} ran in a decode step")
+        return kernel
+
+    for name in ("layernorm", "attention", "self_attention", "mlp", "linear", "lm_head", "gelu_new"):
+        monkeypatch.setattr(NumpyBackend, name, refused(name))
+    assert pipe.generate("Hello there", max_new_tokens=6, stop_at_eos=False).ids == want
+
+
+def _decode_inputs(c=64, n_head=4, b=1, t=1, length=16, offset=3, fmt="float16"):
+    """The arguments of each C function for a small decode step (all of them what it takes)."""
+    rng = np.random.default_rng(0)
+    be = HalfBackend(fmt, threads=2)
+    x = rng.standard_normal((b, t, c)).astype(np.float32)
+    w_attn = be.prepare_weight("h.0.attn.c_attn.weight", rng.standard_normal((c, 3 * c)).astype(np.float32))
+    w_proj = be.prepare_weight("h.0.attn.c_proj.weight", rng.standard_normal((c, c)).astype(np.float32))
+    w_fc = be.prepare_weight("h.0.mlp.c_fc.weight", rng.standard_normal((c, 4 * c)).astype(np.float32))
+    w_out = be.prepare_weight("h.0.mlp.c_proj.weight", rng.standard_normal((4 * c, c)).astype(np.float32))
+    vec = {n: rng.standard_normal(n).astype(np.float32) for n in (c, 3 * c, 4 * c)}
+    k, v = (rng.standard_normal((b, n_head, length, c // n_head)).astype(np.float32) for _ in range(2))
+    q = rng.standard_normal((b, n_head, t, c // n_head)).astype(np.float32)
+    code = hb.FORMATS[fmt]
+    rows = x.reshape(b * t, c)
+    return {
+        "matmul": [rows, w_fc.blocks, 4 * c, vec[4 * c], np.empty((b * t, 4 * c), np.float32), code, 2,
+                   False],
+        "layernorm": [x, vec[c], vec[c], 1e-5, np.empty_like(x)],
+        "attention": [q, k, v, offset, np.empty_like(q), 2],
+        "self_attention": [x, w_attn.blocks, vec[3 * c], w_proj.blocks, vec[c], k, v, offset, n_head, code, 2,
+                           np.empty_like(x)],
+        "mlp": [rows, w_fc.blocks, 4 * c, vec[4 * c], w_out.blocks, vec[c], code, 2, np.empty_like(rows)],
+    }
+
+
+# Each C function's output argument, and arguments it must decline (return False, writing nothing): the
+# wrong dtype, Fortran order, a wrong shape, a bias of the wrong length, a read-only output, caches too
+# short for the new tokens or one array as both caches.
+OUT = {"matmul": 4, "layernorm": 4, "attention": 4, "self_attention": 11, "mlp": 8}
+DECLINED = [
+    ("matmul", 0, lambda a: a.astype(np.float64)),
+    ("matmul", 0, lambda a: np.asfortranarray(np.repeat(a, 2, axis=0))),
+    ("matmul", 1, lambda a: a[:-1]),
+    ("matmul", 2, lambda n: n + 8),
+    ("matmul", 3, lambda b: b[:-1]),
+    ("matmul", 4, lambda y: y[:, :-1]),
+    ("layernorm", 0, lambda a: a.astype(np.float16)),
+    ("layernorm", 1, lambda g: g[:-1]),
+    ("layernorm", 2, lambda g: None),
+    ("layernorm", 4, lambda y: _read_only(y)),
+    ("attention", 0, lambda q: q[:, :, :, ::2]),
+    ("attention", 1, lambda k: k[:, :, :3]),
+    ("attention", 2, lambda v: v[:1, :1]),
+    ("attention", 3, lambda o: -1),
+    ("self_attention", 0, lambda x: x[:, :, ::2]),
+    ("self_attention", 1, lambda w: w.view(np.int16)),
+    ("self_attention", 2, lambda b: b[:-1]),
+    ("self_attention", 5, lambda k: k[:, :, :3]),
+    ("self_attention", 6, lambda v: v.reshape(-1)),
+    ("self_attention", 8, lambda h: h * 2),
+    ("self_attention", 11, lambda y: y[:, :, :-1]),
+    ("mlp", 1, lambda w: w[:, :-1]),
+    ("mlp", 4, lambda w: w[:-1]),
+    ("mlp", 5, lambda b: b.astype(np.float64)),
+    ("mlp", 8, lambda y: _read_only(y)),
+]
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    a = a.copy()
+    a.flags.writeable = False
+    return a
+
+
+@pytest.mark.parametrize("name", sorted(OUT))
+def test_c_functions_take_a_decode_steps_arrays(name):
+    args = _decode_inputs()[name]
+    assert getattr(hb._KERNELS, name)(*args) is True
+    assert np.isfinite(args[OUT[name]]).all()
+
+
+@pytest.mark.parametrize("name, i, change", DECLINED)
+def test_c_functions_decline_what_they_do_not_take(name, i, change):
+    # The backend then runs NumPy's kernel, so a result is right or NumPy's, never a misread array.
+    args = _decode_inputs()[name]
+    args[i] = change(args[i])
+    out = args[OUT[name]]
+    before = np.array(out, copy=True)
+    assert getattr(hb._KERNELS, name)(*args) is False
+    np.testing.assert_array_equal(out, before)
+
+
+def test_self_attention_declines_one_array_as_both_caches():
+    args = _decode_inputs()["self_attention"]
+    args[6] = args[5]
+    assert hb._KERNELS.self_attention(*args) is False
+
+
+@pytest.mark.parametrize("name", sorted(OUT))
+def test_c_functions_refuse_a_wrong_number_of_arguments(name):
+    args = _decode_inputs()[name]
+    with pytest.raises(TypeError, match=rf"{name}\(\) takes {len(args)} arguments \({len(args) - 1} given\)"):
+        getattr(hb._KERNELS, name)(*args[:-1])
