@@ -93,7 +93,9 @@ static void blocks_portable(const float *x, int64_t m_rows, int64_t kp, const ui
 #include <immintrin.h>
 
 #define X86 __attribute__((target("avx2,fma,f16c")))
+#ifndef PREFETCH
 #define PREFETCH 512 /* weights (2 bytes each) */
+#endif
 
 X86 static inline __m256 load8(const uint16_t *p, int fmt) {
     __m128i h = _mm_loadu_si128((const __m128i *)p);
@@ -235,7 +237,7 @@ static int matmul_blocks(const float *x, int64_t m_rows, int64_t kp, const uint1
     return 0;
 }
 
-/* The float32 rows j0 .. j1 - 1 (j0 a multiple of 8) of the blocked weights, as a plain [j1 - j0, k]
+/* The float32 rows j0 .. j1 - 1 of the blocked weights, as a plain [j1 - j0, k]
    array (k <= kp: the padding columns are left out). For products of many rows, which BLAS does faster
    on float32 weights than any kernel here. Split among `threads` threads. Returns 0. */
 static int unpack_rows(const uint16_t *w, int64_t kp, int64_t j0, int64_t j1, int64_t k, float *dst,
@@ -518,8 +520,8 @@ static PyObject *py_matmul(PyObject *self, PyObject *const *a, Py_ssize_t na) {
     Py_RETURN_TRUE;
 }
 
-/* unpack(w, n, j0, j1, k, out, fmt, threads): rows j0 .. j1 - 1 (j0 a multiple of 8) of the blocked w
-   (n rows of k) as float32 into out [j1 - j0, k]. */
+/* unpack(w, n, j0, j1, k, out, fmt, threads): rows j0 .. j1 - 1 of the blocked w (n rows of k) as
+   float32 into out [j1 - j0, k]: the unpacking for BLAS, and the embedding's gather one row at a time. */
 static PyObject *py_unpack(PyObject *self, PyObject *const *a, Py_ssize_t na) {
     (void)self;
     Held h = {.n = 0};
@@ -529,7 +531,7 @@ static PyObject *py_unpack(PyObject *self, PyObject *const *a, Py_ssize_t na) {
         return NULL;
     Py_buffer *w = take_weight(&h, a[0], n, k, &kp);
     Py_buffer *out = take(&h, a[5], 'f', 2, 1);
-    if (!w || !out || j0 < 0 || j0 % 8 || j1 > n || j1 < j0 || out->shape[0] != j1 - j0 || out->shape[1] != k)
+    if (!w || !out || j0 < 0 || j1 > n || j1 < j0 || out->shape[0] != j1 - j0 || out->shape[1] != k)
         NOT_TAKEN;
     Py_BEGIN_ALLOW_THREADS
     unpack_rows(w->buf, kp, j0, j1, k, out->buf, (int)fmt, (int)threads);
