@@ -94,7 +94,7 @@ static void blocks_portable(const float *x, int64_t m_rows, int64_t kp, const ui
 
 #define X86 __attribute__((target("avx2,fma,f16c")))
 #ifndef PREFETCH
-#define PREFETCH 512 /* weights (2 bytes each) */
+#define PREFETCH 2048 /* weights (2 bytes each): 4 KB */
 #endif
 
 X86 static inline __m256 load8(const uint16_t *p, int fmt) {
@@ -150,7 +150,9 @@ X86 static void blocks_x86(const float *x, int64_t m_rows, int64_t kp, const uin
             for (int r = 0; r < 8; r++) acc[r] = _mm256_setzero_ps();
             for (int64_t i = 0; i < kp; i += 8, p += 64) {
                 __m256 xv = _mm256_loadu_ps(xm + i);
-                /* 1 KB ahead of the stream: measured 20% faster than the hardware prefetcher alone. */
+                /* 4 KB ahead of the stream. 1 KB ahead was 20% faster than the hardware prefetcher alone
+                   (on Zen 4); on this Zen 5 host the 49 products of a step took 4.8-5.3 ms 4 KB ahead
+                   against 6.0-6.4 ms 1 KB ahead (medians of 12 interleaved rounds, three runs). */
                 _mm_prefetch((const char *)(p + PREFETCH), _MM_HINT_T0);
                 _mm_prefetch((const char *)(p + PREFETCH + 32), _MM_HINT_T0);
                 for (int r = 0; r < 8; r++) acc[r] = _mm256_fmadd_ps(load8(p + r * 8, fmt), xv, acc[r]);
