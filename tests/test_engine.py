@@ -7,8 +7,10 @@ near-tie; the models and seeds here have none, so the tests ask for exact equali
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -18,7 +20,7 @@ import inferno
 from inferno.api import Pipeline
 from inferno.engine import Engine, EngineClosedError, EngineError, QueueFullError
 from inferno.generate import ContextLengthError, GenerationError
-from inferno.model import Gpt2, slot_bytes
+from inferno.model import Gpt2, NonFiniteLogitsError, slot_bytes
 from inferno.options import GenerationOptions, OptionError
 
 NEAR_TIE = 1e-4
@@ -621,3 +623,119 @@ def test_a_failure_outside_a_batch_fails_every_request_and_the_loop_goes_on(pipe
         assert later.result(timeout=30).new_tokens == 2
     finally:
         engine.close()
+
+
+def test_error_is_none_until_the_end(pipe):
+    engine = Engine(pipe.model, slots=1, autostart=False)
+    h = engine.submit([1, 2], 2)
+    assert h.error is None
+    engine.step()
+    assert not h.done and h.error is None  # running, not failed
+    _drain(engine)
+    assert h.done and h.error is None
+    engine.close()
+
+
+def test_stats_seconds_are_the_time_inside_steps(pipe):
+    engine = Engine(pipe.model, slots=1, autostart=False)
+    engine.submit([1, 2], 3)
+    start = time.perf_counter()
+    _drain(engine)
+    wall = time.perf_counter() - start
+    assert engine.stats.steps == 3 and 0 < engine.stats.seconds <= wall
+    engine.close()
+
+
+def test_a_closed_event_loop_cancels_its_stream(pipe):
+    # A server's consumer whose event loop has closed: the next step it gets finds nobody listening, and
+    # the sequence is cancelled before the step after, freeing its slot.
+    engine = Engine(pipe.model, slots=1, autostart=False)
+    h = engine.submit([1, 2], 50)
+    engine.step()  # one step waits in the backlog
+    loop = asyncio.new_event_loop()
+    try:
+        first = loop.run_until_complete(asyncio.wait_for(h.steps_async().__anext__(), 5))
+    finally:
+        loop.close()
+    assert first.id == h.state.ids[0]
+    assert engine.step()  # its step goes to the closed loop
+    assert not h.done and len(h.state.ids) == 2
+    assert not engine.step()  # cancelled before running again: nothing left to do
+    assert h.finish_reason == "cancelled" and len(h.state.ids) == 2
+    assert engine.free_slots == 1 and engine.running == 0 and engine.stats.finished == {"cancelled": 1}
+    engine.close()
+
+
+def test_a_sequence_cancelled_in_its_prefill_frees_its_slot_at_once(pipe):
+    # Without followers there is nobody to keep prefilling for: the slot goes to the next in the queue.
+    engine = Engine(pipe.model, slots=1, prefill_chunk=2, autostart=False)
+    h, later = engine.submit([1, 2, 3, 4, 5, 6], 5), engine.submit([7], 2)
+    engine.step()
+    assert engine.stats.prompt_tokens == 2 and engine.waiting == 1
+    h.cancel()
+    engine.step()
+    assert h.finish_reason == "cancelled" and h.state.ids == []
+    assert [q.handle for q in engine._running] == [later] and engine.waiting == 0
+    assert engine.stats.prompt_tokens == 3 and engine.stats.finished == {"cancelled": 1}
+    _drain(engine)
+    assert later.result().ids == pipe.generate([7], max_new_tokens=2, stop_at_eos=False).ids
+    assert engine.stats.prompt_tokens == 3 and engine.free_slots == 1
+    engine.close()
+
+
+def test_a_waiting_group_whose_leader_leaves_keeps_all_the_others(pipe):
+    prompt = pipe.encode("Three of one prompt")
+    options = [GenerationOptions(temperature=1.0, seed=s) for s in range(3)]
+    engine = Engine(pipe.model, slots=3, prefill_chunk=4, autostart=False)
+    leader, *others = engine.submit_many(prompt, 4, options)
+    leader.cancel()
+    _drain(engine)
+    assert leader.finish_reason == "cancelled"
+    for seed, h in enumerate(others, 1):
+        assert h.done and h.finish_reason == "length"
+        alone = pipe.generate(prompt, max_new_tokens=4, stop_at_eos=False, temperature=1.0, seed=seed)
+        assert h.result().ids == alone.ids
+    assert engine.stats.prompt_tokens == len(prompt)  # the new leader prefilled it for both
+    assert engine.stats.finished == {"cancelled": 1, "length": 2} and engine.free_slots == 3
+    engine.close()
+
+
+def test_decode_rows_behind_prefills_out_of_budget_still_run(pipe):
+    # Chunk 1. A group (g, f) of a 1-token prompt, then x and w of 3 tokens: step 1 prefills g, which
+    # starts f behind x and w. In step 2 x takes the chunk (a row not sampled), w has no budget left, and
+    # f, behind both, still decodes with g.
+    options = [GenerationOptions(temperature=1.0, seed=s) for s in range(2)]
+    engine = Engine(pipe.model, slots=4, prefill_chunk=1, autostart=False)
+    g, f = engine.submit_many([1], 3, options)
+    x, w = engine.submit([2, 3, 4], 2), engine.submit([5, 6, 7], 2)
+    engine.step()
+    assert [q.handle for q in engine._running] == [g, x, w, f]
+    assert engine.stats.rows == 1 and len(g.state.ids) == len(f.state.ids) == 1
+    engine.step()
+    assert engine.stats.rows == 4 and engine.stats.prompt_tokens == 2 and engine.stats.tokens == 4
+    assert len(g.state.ids) == len(f.state.ids) == 2 and x.state.ids == w.state.ids == []
+    assert [q.cached for q in engine._running] == [2, 1, 0, 2]
+    _drain(engine)
+    for seed, h in enumerate((g, f)):
+        alone = pipe.generate([1], max_new_tokens=3, stop_at_eos=False, temperature=1.0, seed=seed)
+        assert h.result().ids == alone.ids
+    for p, h in (([2, 3, 4], x), ([5, 6, 7], w)):
+        assert h.result().ids == pipe.generate(p, max_new_tokens=2, stop_at_eos=False).ids
+    engine.close()
+
+
+def test_an_overflow_in_a_step_is_a_logits_error_not_a_numpy_warning(pipe):
+    # The forward pass overflows (float32 inf) and then computes inf - inf (NaN): NumPy's overflow and
+    # invalid-value warnings are silenced in the step, and the logits check fails it instead.
+    config, sd, _ = golden_model("greedy")
+    sd = {k: v.copy() for k, v in sd.items()}
+    sd["h.0.mlp.c_fc.weight"][:] = 3e38
+    engine = Engine(Gpt2.from_weights(config, sd, pipe.model.backend), slots=1, autostart=False)
+    h = engine.submit([1, 2, 3], 2)
+    with warnings.catch_warnings(), np.errstate(over="warn", invalid="warn"):
+        warnings.simplefilter("error")
+        assert engine.step()
+    assert h.done and isinstance(h.error, NonFiniteLogitsError)
+    assert "the weights are the likely cause" in str(h.error)
+    assert engine.stats.finished == {"error": 1} and engine.free_slots == 1
+    engine.close()
