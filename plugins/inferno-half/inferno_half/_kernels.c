@@ -465,6 +465,17 @@ static int take_vector(Held *h, PyObject *o, int64_t n, const float **out) {
     return 1;
 }
 
+/* Whether two buffers have the same shape. */
+static int same_shape(const Py_buffer *a, const Py_buffer *b) {
+    if (a->ndim != b->ndim) return 0;
+    for (int i = 0; i < a->ndim; i++)
+        if (a->shape[i] != b->shape[i]) return 0;
+    return 1;
+}
+
+/* A weight format code this file knows. */
+static int known_format(int64_t fmt) { return fmt == FMT_F16 || fmt == FMT_BF16; }
+
 static int as_int64(PyObject *o, int64_t *out) {
     long long v = PyLong_AsLongLong(o);
     if (v == -1 && PyErr_Occurred()) return 0;
@@ -512,7 +523,8 @@ static PyObject *py_matmul(PyObject *self, PyObject *const *a, Py_ssize_t na) {
     int64_t m = x->shape[0], k = x->shape[1];
     Py_buffer *w = take_weight(&h, a[1], n, k, &kp);
     Py_buffer *y = take(&h, a[4], 'f', 2, 1);
-    if (!w || !y || !take_vector(&h, a[3], n, &b) || y->shape[0] != m || y->shape[1] != n) NOT_TAKEN;
+    if (!w || !y || !known_format(fmt) || !take_vector(&h, a[3], n, &b) || y->shape[0] != m || y->shape[1] != n)
+        NOT_TAKEN;
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = product(x->buf, m, k, w->buf, kp, n, b, y->buf, (int)fmt, (int)threads, act);
@@ -533,7 +545,8 @@ static PyObject *py_unpack(PyObject *self, PyObject *const *a, Py_ssize_t na) {
         return NULL;
     Py_buffer *w = take_weight(&h, a[0], n, k, &kp);
     Py_buffer *out = take(&h, a[5], 'f', 2, 1);
-    if (!w || !out || j0 < 0 || j1 > n || j1 < j0 || out->shape[0] != j1 - j0 || out->shape[1] != k)
+    if (!w || !out || !known_format(fmt) || j0 < 0 || j1 > n || j1 < j0 || out->shape[0] != j1 - j0
+        || out->shape[1] != k)
         NOT_TAKEN;
     Py_BEGIN_ALLOW_THREADS
     unpack_rows(w->buf, kp, j0, j1, k, out->buf, (int)fmt, (int)threads);
@@ -554,7 +567,7 @@ static PyObject *py_layernorm(PyObject *self, PyObject *const *a, Py_ssize_t na)
     if (!x) NOT_TAKEN;
     int64_t c = x->shape[x->ndim - 1], rows = c ? x->len / 4 / c : 0;
     Py_buffer *out = take(&h, a[4], 'f', -1, 1);
-    if (!out || c < 1 || out->len != x->len || !take_vector(&h, a[1], c, &gamma) || !take_vector(&h, a[2], c, &beta)
+    if (!out || c < 1 || !same_shape(out, x) || !take_vector(&h, a[1], c, &gamma) || !take_vector(&h, a[2], c, &beta)
         || !gamma || !beta)
         NOT_TAKEN;
     Py_BEGIN_ALLOW_THREADS
@@ -583,7 +596,7 @@ static PyObject *py_attention(PyObject *self, PyObject *const *a, Py_ssize_t na)
     if (!q) NOT_TAKEN;
     int64_t b = q->shape[0], hd = q->shape[1], t = q->shape[2], d = q->shape[3];
     Py_buffer *k = take(&h, a[1], 'f', 4, 0), *v = take(&h, a[2], 'f', 4, 0), *out = take(&h, a[4], 'f', 4, 1);
-    if (!caches_fit(k, v, b, hd, d, offset, t) || !out || out->len != q->len || d < 1 || t < 1) NOT_TAKEN;
+    if (!caches_fit(k, v, b, hd, d, offset, t) || !out || !same_shape(out, q) || d < 1 || t < 1) NOT_TAKEN;
     int64_t l = k->shape[2];
     Py_BEGIN_ALLOW_THREADS
     attend_all(b, hd, t, d, q->buf, hd * t * d, t * d, d, k->buf, v->buf, l, offset, out->buf, hd * t * d, t * d, d,
@@ -610,7 +623,8 @@ static PyObject *py_self_attention(PyObject *self, PyObject *const *a, Py_ssize_
     int64_t b = x->shape[0], t = x->shape[1], c = x->shape[2], m = b * t, d = c / n_head;
     Py_buffer *wa = take_weight(&h, a[1], 3 * c, c, &kp_attn), *wp = take_weight(&h, a[3], c, c, &kp_proj);
     Py_buffer *k = take(&h, a[5], 'f', 4, 1), *v = take(&h, a[6], 'f', 4, 1), *out = take(&h, a[11], 'f', 3, 1);
-    if (!wa || !wp || !out || c % n_head || !caches_fit(k, v, b, n_head, d, offset, t) || out->len != x->len
+    if (!wa || !wp || !out || !known_format(fmt) || c % n_head || !caches_fit(k, v, b, n_head, d, offset, t)
+        || !same_shape(out, x)
         || !take_vector(&h, a[2], 3 * c, &b_attn) || !take_vector(&h, a[4], c, &b_proj))
         NOT_TAKEN;
     int64_t l = k->shape[2];
@@ -644,7 +658,7 @@ static PyObject *py_mlp(PyObject *self, PyObject *const *a, Py_ssize_t na) {
     int64_t m = x->shape[0], c = x->shape[1];
     Py_buffer *wf = take_weight(&h, a[1], f, c, &kp_fc), *wp = take_weight(&h, a[4], c, f, &kp_proj);
     Py_buffer *out = take(&h, a[8], 'f', 2, 1);
-    if (!wf || !wp || !out || out->len != x->len || !take_vector(&h, a[3], f, &b_fc)
+    if (!wf || !wp || !out || !known_format(fmt) || !same_shape(out, x) || !take_vector(&h, a[3], f, &b_fc)
         || !take_vector(&h, a[5], c, &b_proj))
         NOT_TAKEN;
     float *hidden = malloc(sizeof(float) * (size_t)(m * f));

@@ -469,6 +469,13 @@ DECLINED = [
     ("mlp", 4, lambda w: w[:-1]),
     ("mlp", 5, lambda b: b.astype(np.float64)),
     ("mlp", 8, lambda y: _read_only(y)),
+    ("mlp", 8, lambda y: y.reshape(y.shape[1], y.shape[0])),
+    ("mlp", 6, lambda fmt: 2),
+    ("attention", 4, lambda o: o.reshape(o.shape[0], o.shape[1], o.shape[3], o.shape[2])),
+    ("self_attention", 9, lambda fmt: -1),
+    ("self_attention", 11, lambda y: y.reshape(y.shape[0], y.shape[2], y.shape[1])),
+    ("matmul", 5, lambda fmt: 7),
+    ("layernorm", 4, lambda y: y.reshape(-1)),
 ]
 
 
