@@ -31,9 +31,13 @@ GELU post-op also fuses `mlp`'s activation into the c_fc GEMM. `wte` stays plain
 gather and gets a packed copy for the LM head. In float16 on the CPU the weights are kept [out, in]
 for F.linear. Whole decode steps went from 39.9 to 109 tok/s in float32, 60 to 137-167 in bfloat16
 and 6.3 to 117 in float16 (`numpy`: 73-87 in the same sessions); `python benches/sixteen_bit.py`
-measures them side by side. There, three runs on 2026-12-01 gave float32 decode at 1.06-1.15x `numpy`
-(a steady 8.5 ms step; `numpy`'s moved between 8.9 and 13.3 ms) and prefill at 2.0-2.8x, once each timed
-part was preceded by a 0.3 s rest. Without the rest, whichever pool ran last (OpenBLAS's threads spin
+measures them side by side. There, the runs of 2026-12-01 gave float32 decode at 0.93-1.15x `numpy`
+(1.00x and 1.01x in the day's last two 9-round runs) and prefill at 1.6-2.8x, once each timed part was
+preceded by a 0.3 s rest. In float32 the two read the same 498 MB a step, so they tie: in
+`torch.profiler`, 87% of a step is oneDNN's GEMVs and 7% SDPA (~66 us a layer in place, 14 on a hot
+cache); the rest (layer norms, adds, views, the embedding) is ~0.6 ms. A direct torch version of
+`self_attention` (no array-api-compat head split) measured 3 us a layer faster: not kept. Without the
+rest, whichever pool ran last (OpenBLAS's threads spin
 ~0.1 s after a call) doubled the other's GEMV time (8 ms became 15-66). ``onednn=false`` turns the
 packing off.
 
