@@ -37,9 +37,8 @@ preceded by a 0.3 s rest. In float32 the two read the same 498 MB a step, so the
 `torch.profiler`, 87% of a step is oneDNN's GEMVs and 7% SDPA (~66 us a layer in place, 14 on a hot
 cache); the rest (layer norms, adds, views, the embedding) is ~0.6 ms. A direct torch version of
 `self_attention` (no array-api-compat head split) measured 3 us a layer faster: not kept. Without the
-rest, whichever pool ran last (OpenBLAS's threads spin
-~0.1 s after a call) doubled the other's GEMV time (8 ms became 15-66). ``onednn=false`` turns the
-packing off.
+rest, whichever pool ran last (OpenBLAS's threads spin ~0.1 s after a call) doubled the other's GEMV
+time (8 ms became 15-66). ``onednn=false`` turns the packing off.
 
 The float32 attention of a decode step is SDPA's blocked kernel (8.5 us at 64 keys); in bfloat16 the
 same call takes 45 us (285 at 512 keys): the CPU has no fast bfloat16 kernel for such small matrices,
