@@ -8,6 +8,7 @@ near-tie; the models and seeds here have none, so the tests ask for exact equali
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 import time
 import warnings
@@ -738,4 +739,192 @@ def test_an_overflow_in_a_step_is_a_logits_error_not_a_numpy_warning(pipe):
     assert h.done and isinstance(h.error, NonFiniteLogitsError)
     assert "the weights are the likely cause" in str(h.error)
     assert engine.stats.finished == {"error": 1} and engine.free_slots == 1
+    engine.close()
+
+
+def test_a_handle_records_when_it_was_submitted_admitted_and_finished(pipe):
+    engine = Engine(pipe.model, slots=1, autostart=False)
+    before = time.perf_counter()
+    h, queued = engine.submit([1, 2], 2), engine.submit([3], 2)
+    after = time.perf_counter()
+    for x in (h, queued):
+        assert before <= x.submitted <= after and x.admitted is None and x.finished is None
+    engine.step()
+    assert after <= h.admitted <= time.perf_counter() and h.finished is None
+    assert queued.admitted is None and queued.finished is None  # no slot for it yet
+    queued.cancel()
+    _drain(engine)
+    assert h.admitted <= h.finished <= time.perf_counter()
+    assert queued.admitted is None and queued.finished >= queued.submitted
+    assert h.result().seconds == h.finished - h.admitted and queued.result().seconds == 0
+    engine.close()
+
+
+def test_the_lowest_free_slot_is_taken_first(pipe):
+    engine = Engine(pipe.model, slots=3, autostart=False)
+    engine.submit([1], 3), engine.submit([2], 3)
+    engine.step()
+    assert [q.slot for q in engine._running] == [0, 1] and engine._free == [2]
+    engine.close()
+
+
+def test_the_engine_samples_and_checks_ids_below_its_sample_limit(pipe):
+    prompt = pipe.encode("The quick brown fox")
+    free = pipe.generate(prompt, max_new_tokens=8, stop_at_eos=False).ids
+    assert max(free) >= 100  # unlimited, greedy picks ids the limit below rules out
+    engine = Engine(pipe.model, slots=1, sample_limit=100, autostart=False)
+    assert engine.sample_limit == 100
+    for options, name in ((GenerationOptions(logit_bias={100: 1.0}), "logit_bias"),
+                          (GenerationOptions(stop_ids=[150]), "stop_ids")):
+        with pytest.raises(OptionError, match=f"^{name} names token id 1[05]0, outside the vocabulary "
+                                              r"\[0, 100\)$"):
+            engine.submit_many(prompt, 4, [options])
+    h = engine.submit(prompt, 8, GenerationOptions(logit_bias={99: 0.5}))
+    _drain(engine)
+    ids = h.result().ids
+    assert len(ids) == 8 and max(ids) < 100
+    engine.close()
+
+
+def test_submit_many_does_not_block_by_default(pipe):
+    engine = Engine(pipe.model, slots=1, max_queue=0, autostart=False)
+    engine.submit([1], 2)
+    bound = threading.Timer(2.0, engine.close)  # a submission that blocks would end when it closes
+    bound.start()
+    try:
+        start = time.monotonic()
+        with pytest.raises(QueueFullError):
+            engine.submit_many([2], 2, [GenerationOptions()])
+        assert time.monotonic() - start < 1
+    finally:
+        bound.cancel()
+        engine.close()
+
+
+def test_a_zero_timeout_never_waits_even_on_a_clock_that_has_not_ticked(pipe, monkeypatch):
+    # A coarse monotonic clock (Windows': about 15 ms) reads the same at the deadline and at the check:
+    # no time is left, so the submission fails at once instead of waiting for room.
+    import types
+
+    import inferno.engine as engine_module
+
+    readings = itertools.chain([1000.0, 1000.0], itertools.count(1001.0))
+    monkeypatch.setattr(engine_module, "time", types.SimpleNamespace(
+        monotonic=lambda: next(readings), perf_counter=time.perf_counter))
+    engine = Engine(pipe.model, slots=1, max_queue=0, autostart=False)
+    engine.submit([1], 2)
+    waits = []
+
+    class Recording(threading.Condition):
+        def wait(self, timeout=None):
+            waits.append(timeout)
+            return super().wait(timeout)
+
+    engine._cv = Recording()
+    with pytest.raises(QueueFullError):
+        engine.submit([2], 2, block=True, timeout=0)
+    assert waits == []
+    engine.close()
+
+
+def test_a_blocked_submission_waits_its_whole_timeout_for_room(pipe):
+    # One second to wait: the running request ends 0.2 s in and the next step frees its slot for it.
+    engine = Engine(pipe.model, slots=1, max_queue=0, autostart=False)
+    first = engine.submit([1], 1)
+
+    def later():
+        time.sleep(0.2)
+        engine.step()  # the first runs its one token and ends
+        engine.step()  # nothing to run; the freed slot is announced
+
+    helper = threading.Thread(target=later)
+    helper.start()
+    try:
+        second = engine.submit([2], 2, block=True, timeout=1.0)
+    finally:
+        helper.join(5)
+    assert first.done and not second.done and engine.waiting == 1
+    _drain(engine)
+    assert second.result().new_tokens == 2
+    engine.close()
+
+
+def test_a_blocked_submission_says_the_engine_closed(pipe):
+    engine = Engine(pipe.model, slots=1, max_queue=0, autostart=False)
+    engine.submit([1], 3)
+    closer = threading.Timer(0.2, engine.close)
+    closer.start()
+    try:
+        with pytest.raises(EngineClosedError) as e:
+            engine.submit([2], 3, block=True, timeout=5)
+    finally:
+        closer.join(5)
+    assert str(e.value) == "the engine is closed"
+
+
+def test_close_waits_for_the_loop_thread_ten_seconds_or_its_timeout(pipe):
+    engine = Engine(pipe.model, slots=1, autostart=False)
+    joins = []
+
+    class Loop:
+        def join(self, timeout=None):
+            joins.append(timeout)
+
+    engine._thread = Loop()
+    engine.close()
+    engine.close(0.25)
+    assert joins == [10.0, 0.25]
+
+
+def test_a_leader_that_left_frees_its_slot_and_the_others_in_its_step_go_on(pipe):
+    # Slots 0, 1 for the group (l, f), 2 for x. Chunk 4: step 1 prefills 4 of l's 5 tokens. l leaves;
+    # step 2 prefills its last token, starts f, frees slot 0 and still prefills x, behind l in the step,
+    # and samples its first token. Then y takes slot 0.
+    prompt = [1, 2, 3, 4, 5]
+    options = [GenerationOptions(temperature=1.0, seed=s) for s in range(2)]
+    engine = Engine(pipe.model, slots=3, prefill_chunk=4, autostart=False)
+    leader, follower = engine.submit_many(prompt, 3, options)
+    x = engine.submit([5], 3)
+    engine.step()
+    assert x.state.ids == [] and engine.stats.prompt_tokens == 4
+    leader.cancel()
+    engine.step()
+    assert leader.finish_reason == "cancelled" and len(follower.state.ids) == 1 and len(x.state.ids) == 1
+    assert engine.stats.tokens == 2 and engine.stats.prompt_tokens == 6 and engine._free == [0]
+    y = engine.submit([6, 7], 3)
+    engine.step()
+    assert [q.handle for q in engine._running] == [x, follower, y] and engine._running[2].slot == 0
+    _drain(engine)
+    alone = pipe.generate(prompt, max_new_tokens=3, stop_at_eos=False, temperature=1.0, seed=1)
+    assert follower.result().ids == alone.ids
+    for p, h in (([5], x), ([6, 7], y)):
+        assert h.result().ids == pipe.generate(p, max_new_tokens=3, stop_at_eos=False).ids
+    assert sorted(engine._free) == [0, 1, 2]
+    engine.close()
+
+
+def test_an_ended_sequence_holds_no_slot_and_no_followers(pipe):
+    # What `_finish` leaves, whether the sequence ended or failed: no slot to free twice, no group to fail
+    # twice.
+    engine = Engine(pipe.model, slots=3, prefill_chunk=2, autostart=False)
+    done = engine.submit([1], 1)
+    handles = engine.submit_many([1, 2, 3, 4], 3, [GenerationOptions()] * 2)
+    ended, leader = engine._waiting
+    seqs = [ended, leader, *leader.followers]
+    engine.step()  # `done` runs its one token and ends; the group is half prefilled
+    assert done.finish_reason == "length" and [q.handle for q in engine._running] == [handles[0]]
+    real = engine.model.forward_ragged
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("kernel exploded")
+
+    engine.model.forward_ragged = boom
+    try:
+        engine.step()
+    finally:
+        engine.model.forward_ragged = real
+    assert all(isinstance(h.error, RuntimeError) for h in handles)
+    for q in seqs:
+        assert q.slot < 0 and q.followers == [] and q.size == 1
+    assert engine.free_slots == 3 and sorted(engine._free) == [0, 1, 2]
     engine.close()
