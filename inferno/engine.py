@@ -477,6 +477,9 @@ class Engine:
         be, n = self.model.backend, leader.cached
         with self._cv:
             followers, leader.followers = leader.followers, []
+            # Running before their caches are copied: should a copy fail, `step` ends them with the
+            # error and frees their slots, as it does the leader's.
+            self._running.extend(followers)
         for layer in self.slots.layers:
             k_src, v_src = layer[leader.slot]
             for f in followers:
@@ -484,7 +487,6 @@ class Engine:
                 layer[f.slot] = be.write_kv(k, v, k_src[:, :, :n, :], v_src[:, :, :n, :], 0)
         for f in followers:
             f.cached = n
-            self._running.append(f)
             self._sample(f, logits)
 
     def _sample(self, seq: _Sequence, logits) -> None:

@@ -928,3 +928,33 @@ def test_an_ended_sequence_holds_no_slot_and_no_followers(pipe):
         assert q.slot < 0 and q.followers == [] and q.size == 1
     assert engine.free_slots == 3 and sorted(engine._free) == [0, 1, 2]
     engine.close()
+
+
+def test_a_failing_cache_copy_to_followers_fails_the_group_and_frees_its_slots(pipe, monkeypatch):
+    # The followers of a group start from a copy of the leader's KV cache; if that copy fails (out of
+    # memory on a device), every member ends with the error and no slot is lost.
+    engine = Engine(pipe.model, slots=3, autostart=False)
+    handles = engine.submit_many([1, 2, 3], 3, [GenerationOptions(temperature=1.0, seed=s) for s in range(3)])
+    be = engine.model.backend
+    real_forward, real_write = engine.model.forward_ragged, be.write_kv
+    in_forward = []
+
+    def forward(*args, **kwargs):
+        in_forward.append(True)
+        try:
+            return real_forward(*args, **kwargs)
+        finally:
+            in_forward.pop()
+
+    def write_kv(*args, **kwargs):
+        if not in_forward:
+            raise MemoryError("no room for the copy")
+        return real_write(*args, **kwargs)
+
+    monkeypatch.setattr(engine.model, "forward_ragged", forward)
+    monkeypatch.setattr(be, "write_kv", write_kv)
+    engine.step()
+    for h in handles:
+        assert h.wait(2) and isinstance(h.error, MemoryError)
+    assert engine.free_slots == 3 and engine.running == 0 and engine.stats.finished == {"error": 3}
+    engine.close()
