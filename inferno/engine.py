@@ -340,7 +340,9 @@ class Engine:
                 self._thread.start()
 
     def close(self, timeout: float | None = 10.0) -> None:
-        """Stop the loop; requests still waiting or running end as "cancelled"."""
+        """Stop the loop; requests still waiting or running end as "cancelled". `timeout` bounds the
+        wait for the loop thread to stop; a step already inside the backend is still waited for (a
+        kernel cannot be interrupted), then the requests end."""
         with self._cv:
             self._closed = True
             self._cv.notify_all()
