@@ -569,11 +569,8 @@ def test_a_failing_sequence_fails_alone(pipe):
     engine.close()
 
 
-def test_a_failing_leader_fails_its_group(pipe):
-    engine = Engine(pipe.model, slots=3, prefill_chunk=2, autostart=False)
-    handles = engine.submit_many([1, 2, 3, 4], 3, [GenerationOptions(temperature=1.0, seed=s)
-                                                   for s in range(3)])
-    engine.step()  # admitted, half prefilled
+def _step_with_a_failing_forward(engine: Engine) -> None:
+    """One step of `engine` whose forward pass raises RuntimeError("kernel exploded")."""
     real = engine.model.forward_ragged
 
     def boom(*args, **kwargs):
@@ -584,6 +581,14 @@ def test_a_failing_leader_fails_its_group(pipe):
         engine.step()
     finally:
         engine.model.forward_ragged = real
+
+
+def test_a_failing_leader_fails_its_group(pipe):
+    engine = Engine(pipe.model, slots=3, prefill_chunk=2, autostart=False)
+    handles = engine.submit_many([1, 2, 3, 4], 3, [GenerationOptions(temperature=1.0, seed=s)
+                                                   for s in range(3)])
+    engine.step()  # admitted, half prefilled
+    _step_with_a_failing_forward(engine)
     for h in handles:
         assert h.done and isinstance(h.error, RuntimeError)
     assert engine.stats.finished == {"error": 3} and engine.free_slots == 3 and engine.running == 0
@@ -913,16 +918,7 @@ def test_an_ended_sequence_holds_no_slot_and_no_followers(pipe):
     seqs = [ended, leader, *leader.followers]
     engine.step()  # `done` runs its one token and ends; the group is half prefilled
     assert done.finish_reason == "length" and [q.handle for q in engine._running] == [handles[0]]
-    real = engine.model.forward_ragged
-
-    def boom(*args, **kwargs):
-        raise RuntimeError("kernel exploded")
-
-    engine.model.forward_ragged = boom
-    try:
-        engine.step()
-    finally:
-        engine.model.forward_ragged = real
+    _step_with_a_failing_forward(engine)
     assert all(isinstance(h.error, RuntimeError) for h in handles)
     for q in seqs:
         assert q.slot < 0 and q.followers == [] and q.size == 1
