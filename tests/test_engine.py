@@ -652,6 +652,24 @@ def test_stats_seconds_are_the_time_inside_steps(pipe):
     engine.close()
 
 
+def test_stats_seconds_add_up_every_step(pipe):
+    # Each step's time is added: at least the time of every step's batch, not only the last step's.
+    engine = Engine(pipe.model, slots=1, autostart=False)
+    engine.submit([1, 2], 4)
+    real, batches = engine._run_batch, []
+
+    def timed() -> None:
+        start = time.perf_counter()
+        real()
+        batches.append(time.perf_counter() - start)
+
+    engine._run_batch = timed
+    _drain(engine)
+    assert engine.stats.steps == len(batches) == 4
+    assert engine.stats.seconds >= sum(batches) > 0
+    engine.close()
+
+
 def test_a_closed_event_loop_cancels_its_stream(pipe):
     # A server's consumer whose event loop has closed: the next step it gets finds nobody listening, and
     # the sequence is cancelled before the step after, freeing its slot.
