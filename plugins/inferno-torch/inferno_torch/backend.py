@@ -32,7 +32,7 @@ gather and gets a packed copy for the LM head. In float16 on the CPU the weights
 for F.linear. Whole decode steps went from 39.9 to 109 tok/s in float32, 60 to 137-167 in bfloat16
 and 6.3 to 117 in float16 (`numpy`: 73-87 in the same sessions); `python benches/sixteen_bit.py`
 measures them side by side. There, the runs of 2026-12-01 gave float32 decode at 0.93-1.15x `numpy`
-(1.00x and 1.01x in the day's last two 9-round runs) and prefill at 1.6-2.8x, once each timed part was
+(1.00-1.12x in the day's four 9-round runs of the last code) and prefill at 1.6-2.8x, once each timed part was
 preceded by a 0.3 s rest. In float32 the two read the same 498 MB a step, so they tie: in
 `torch.profiler`, 87% of a step is oneDNN's GEMVs and 7% SDPA (~66 us a layer in place, 14 on a hot
 cache); the rest (layer norms, adds, views, the embedding) is ~0.6 ms. A direct torch version of
