@@ -117,11 +117,11 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(PAUSE)
             b1[b]["engine"].append(1e3 / decode_tok_s(model, 1, args.new_tokens))
 
-    from inferno.blas import summary
+    from inferno.blas import line as blas_line
 
     print(f"`python benches/batching.py {' '.join(argv if argv is not None else sys.argv[1:])}` "
           f"(124M shape, {PROMPT}-token prompts, {args.new_tokens} new tokens, medians of {args.repeat}; "
-          f"{(summary() or 'BLAS: unknown').splitlines()[0]})\n")
+          f"{blas_line()})\n")
     print("| sequences | " + " | ".join(f"{b} tok/s | {b} vs 1" for b in models) + " |")
     print("| --: | " + " | ".join("--: | --:" for _ in models) + " |")
     for n in sizes:

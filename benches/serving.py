@@ -194,11 +194,12 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(rows, indent=2))
         return 0
     source = args.url or (args.model_dir or "random 124M-shape weights") + f", {args.backend} backend"
-    from inferno.blas import summary  # this process's; a server started here inherits its environment
+    # This process's BLAS: a server started here inherits its environment.
+    from inferno.blas import line as blas_line
 
     print(f"Serving: {args.prompt_tokens}-token prompts, {args.new_tokens} new tokens, temperature "
           f"{args.temperature:g}, {args.rounds} request(s) per client ({source}; "
-          f"{(summary() or 'BLAS: unknown').splitlines()[0]})\n")
+          f"{blas_line()})\n")
     print(table(rows))
     flags = " ".join(sys.argv[1:] if argv is None else argv)
     print(f"\n`python benches/serving.py{' ' + flags if flags else ''}`")

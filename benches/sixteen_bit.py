@@ -146,11 +146,11 @@ def main(argv: list[str] | None = None) -> int:
         row["floor_tok_s"] = gbs * 1e9 / (row["weights_MB"] * 1e6)
         rows.append(row)
 
-    from inferno.blas import summary
+    from inferno.blas import line as blas_line
 
     print(f"\nGPT-2 124M shape, random weights; {args.rounds} interleaved rounds, {args.steps} decode steps; "
           f"read bandwidth {gbs:.1f} GB/s; load average {load_before:.2f} -> {load_after:.2f}; "
-          f"{(summary() or 'BLAS: unknown').splitlines()[0]}")
+          f"{blas_line()}")
     head = "| backend | weights MB | decode tok/s | x numpy | " + " | ".join(
         f"prefill {n} tok/s | x numpy" for n in prefills) + " | bandwidth floor tok/s |"
     print(head)

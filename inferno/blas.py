@@ -73,14 +73,24 @@ def coretype_hint(info: Mapping | None, flags: frozenset[str], env: Mapping[str,
             "slow decode: measure with inferno bench")
 
 
+def _describe(info: Mapping) -> str:
+    api = str(info.get("internal_api"))
+    name = {"openblas": "OpenBLAS", "mkl": "MKL", "blis": "BLIS"}.get(api, api)
+    kernels = f"{info['architecture']} kernels, " if info.get("architecture") else ""
+    return f"BLAS: {name} {info.get('version', '')} ({kernels}{info.get('num_threads', '?')} threads)"
+
+
+def line() -> str:
+    """``BLAS: OpenBLAS 0.3.31 (Haswell kernels, 2 threads)``, or ``BLAS: unknown``: the benchmarks'
+    header (`summary` without its hint)."""
+    info = blas_info()
+    return "BLAS: unknown" if info is None else _describe(info)
+
+
 def summary() -> str | None:
     """``BLAS: OpenBLAS 0.3.31 (Haswell kernels, 2 threads)``, and the hint on a second line if any."""
     info = blas_info()
     if info is None:
         return None
-    api = str(info.get("internal_api"))
-    name = {"openblas": "OpenBLAS", "mkl": "MKL", "blis": "BLIS"}.get(api, api)
-    kernels = f"{info['architecture']} kernels, " if info.get("architecture") else ""
-    line = f"BLAS: {name} {info.get('version', '')} ({kernels}{info.get('num_threads', '?')} threads)"
     hint = coretype_hint(info, cpu_flags(), os.environ)
-    return line if hint is None else f"{line}\nhint: {hint}"
+    return _describe(info) if hint is None else f"{_describe(info)}\nhint: {hint}"

@@ -63,6 +63,12 @@ def test_summary_names_numpys_blas_as_threadpoolctl_sees_it():
         assert f"({record['architecture']} kernels, " in first
 
 
+def test_line_is_the_summary_without_its_hint(monkeypatch):
+    assert blas.line() == blas.summary().splitlines()[0]
+    monkeypatch.setattr(blas, "blas_info", lambda: None)
+    assert blas.line() == "BLAS: unknown" and blas.summary() is None
+
+
 def test_numpys_blas_is_told_apart_from_scipys():
     # The full suite imports jax and dask, which load SciPy's OpenBLAS beside NumPy's.
     code = ("import scipy.linalg, numpy as np; from inferno import blas; "
