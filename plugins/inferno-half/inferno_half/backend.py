@@ -241,7 +241,7 @@ class HalfBackend(NumpyBackend):
         if _KERNELS is not None and q.shape[2] <= SMALL_M:
             # A few queries (decode): one C call instead of NumPy's stacked matmuls and softmax (~50 us a
             # layer at 64 cached tokens).
-            q = np.ascontiguousarray(q, dtype=np.float32)
+            q = _f32(q)
             out = np.empty_like(q)
             if _KERNELS.attention(q, k_cache, v_cache, int(offset), out, self.threads):
                 return out
@@ -256,7 +256,7 @@ class HalfBackend(NumpyBackend):
                 and type(w_proj) is Weight16):
             # Decode: both products in one C call, the GELU inside the first (NumPy's nine passes over
             # 3072 values cost ~10 us, 12 times a step).
-            rows = np.ascontiguousarray(rows, dtype=np.float32)
+            rows = _f32(rows)
             out = np.empty((rows.shape[0], w_proj.rows[0]), np.float32)
             if _KERNELS.mlp(rows, w_fc.blocks, w_fc.rows[0], _bias(b_fc), w_proj.blocks, _bias(b_proj),
                             self._code, self.threads, out):
@@ -271,7 +271,7 @@ class HalfBackend(NumpyBackend):
             # attends (reading the heads where the projection left them: no split, copy or merge), and
             # runs c_proj. It declines (False) caches that are not this backend's own [B, H, L, D] float32
             # arrays with room for the new tokens.
-            x = np.ascontiguousarray(x, dtype=np.float32)
+            x = _f32(x)
             out = np.empty_like(x)
             if _KERNELS.self_attention(x, w_attn.blocks, _bias(b_attn), w_proj.blocks, _bias(b_proj), kv[0],
                                        kv[1], int(offset), n_head, self._code, self.threads, out):
@@ -285,7 +285,7 @@ class HalfBackend(NumpyBackend):
         n = w.rows[0]
         if _KERNELS is not None and m <= SMALL_M:
             y = np.empty((m, n), np.float32)
-            x = np.ascontiguousarray(x, dtype=np.float32)
+            x = _f32(x)
             if _KERNELS.matmul(x, w.blocks, n, _bias(b), y, self._code, self.threads, gelu):
                 return y
         y = np.empty((m, n), np.float32)
@@ -335,7 +335,7 @@ def _f32(a: np.ndarray) -> np.ndarray:
 
 
 def _bias(b: np.ndarray | None) -> np.ndarray | None:
-    return None if b is None else np.ascontiguousarray(b, dtype=np.float32)
+    return None if b is None else _f32(b)
 
 
 def _split(n: int, parts: int) -> list[tuple[int, int]]:
