@@ -78,6 +78,7 @@ from inferno.cli import (
     _positive,
     _user_errors,
 )
+from inferno.errors import squash
 from inferno.options import GenerationOptions
 
 EXIT_FAILED = 1
@@ -643,7 +644,7 @@ class _BatchRun:
     def _finished(self, req: Request, handle: Any) -> None:
         if handle.error is not None:
             self.failed += 1
-            reason = " ".join(str(handle.error).split())
+            reason = squash(handle.error)
             print(f"{PROG}: {self.source}:{req.line}: id {json.dumps(req.id)} failed: "
                   f"{type(handle.error).__name__}: {reason}", file=sys.stderr)
             return

@@ -29,89 +29,22 @@ from typing import IO, Any
 
 import numpy as np
 
-from inferno.config import Gpt2Config
+from inferno.config import GPT2_124M, Gpt2Config  # noqa: F401 - GPT2_124M: the shape benchmarks run
+from inferno.errors import squash
+from inferno.testing import (  # noqa: F401 - where bench users found them
+    RANDOM_EMBEDDING_STD,
+    RANDOM_LOGIT_STD,
+    random_weights,
+    spread_logits,
+)
 
 BASELINE = "numpy"
 EXIT_USAGE = 2
 
-#: GPT-2 small ("124M"): the shape of every benchmark here.
-GPT2_124M = Gpt2Config(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12)
 
 
 class BenchError(Exception):
     """A problem with the request (flag, backend, model files); printed as one line, exit code 2."""
-
-
-# ------------------------------------------------------------------------------------------ weights
-
-
-#: The spread (standard deviation over the vocabulary) of the next-token logits that random weights are
-#: scaled to, and the standard deviation of their token embeddings (GPT-2's initializer_range): together
-#: they make sampling at temperature 0.8 visibly differ from greedy decoding at any width. Random
-#: weights make gibberish whatever the scale; this only keeps sampling from looking broken.
-RANDOM_LOGIT_STD = 2.0
-RANDOM_EMBEDDING_STD = 0.02
-
-
-def spread_logits(
-    weights: dict[str, np.ndarray], logit_std: float = RANDOM_LOGIT_STD,
-    embedding_std: float = RANDOM_EMBEDDING_STD,
-) -> dict[str, np.ndarray]:
-    """Rescale random `weights` (returned; the two or three arrays changed are replaced, not modified)
-    so that their next-token distribution is spread: ``wte`` to `embedding_std`, then ``ln_f``'s gain
-    and bias so that the logits spread by about `logit_std` over the vocabulary.
-
-    Two things make random GPT-2 weights decode one token forever, with sampling giving the greedy
-    tokens: the LM head is tied to ``wte``, so a large embedding, which the residual stream carries to
-    the last layer, gives the current token a large logit (the model repeats it); and the logits spread
-    with the width (std ~15 at n_embd 768 for N(0, 0.5²) embeddings), so the top token takes all the
-    probability. The logits are ``ln_f(x) @ wte.T`` and ln_f's output has a norm of about
-    sqrt(sum(gain² + bias²)), so their spread is about that norm times the standard deviation of wte's
-    entries; scaling ln_f (which nothing else reads) scales the logits alone.
-    """
-    wte = weights["wte.weight"]
-    std = float(np.std(wte, dtype=np.float64))
-    if embedding_std is not None and std > 0 and abs(std / embedding_std - 1) > 0.01:  # else no 2nd copy
-        weights["wte.weight"] = wte * np.float32(embedding_std / std)
-        std = embedding_std
-    gain, bias = weights["ln_f.weight"], weights["ln_f.bias"]
-    norm = float(np.sqrt(np.square(gain, dtype=np.float64).sum() + np.square(bias, dtype=np.float64).sum()))
-    if norm * std > 0:
-        factor = np.float32(logit_std / (norm * std))
-        weights["ln_f.weight"] = gain * factor
-        weights["ln_f.bias"] = bias * factor
-    return weights
-
-
-def random_weights(config: Gpt2Config = GPT2_124M, seed: int = 0) -> dict[str, np.ndarray]:
-    """Random float32 weights for `config` under the canonical Hub names (speed does not depend on values).
-
-    Matrices are scaled by 1/sqrt(fan_in) so activations stay O(1) (no overflow, no denormals), and
-    the embeddings and ``ln_f`` so that the next-token distribution is spread (`spread_logits`):
-    sampling differs from greedy, as with real weights. Drawn directly in float32: about a second for
-    the 124M shape.
-    """
-    rng = np.random.default_rng(seed)
-    c, v, p = config.n_embd, config.vocab_size, config.n_positions
-
-    def normal(shape: tuple[int, ...], scale: float, loc: float = 0.0) -> np.ndarray:
-        a = rng.standard_normal(shape, dtype=np.float32)
-        a *= scale
-        a += loc
-        return a
-
-    # Positions weigh more than tokens at the input (see spread_logits).
-    w = {"wte.weight": normal((v, c), RANDOM_EMBEDDING_STD), "wpe.weight": normal((p, c), 0.3),
-         "ln_f.weight": normal((c,), 0.1, 1.0), "ln_f.bias": normal((c,), 0.1)}
-    for i in range(config.n_layer):
-        for ln in ("ln_1", "ln_2"):
-            w[f"h.{i}.{ln}.weight"] = normal((c,), 0.1, 1.0)
-            w[f"h.{i}.{ln}.bias"] = normal((c,), 0.1)
-        for name, n_in, n_out in (("attn.c_attn", c, 3 * c), ("attn.c_proj", c, c),
-                                  ("mlp.c_fc", c, 4 * c), ("mlp.c_proj", 4 * c, c)):
-            w[f"h.{i}.{name}.weight"] = normal((n_in, n_out), n_in**-0.5)
-            w[f"h.{i}.{name}.bias"] = normal((n_out,), 0.1)
-    return spread_logits(w)
 
 
 def prompt_ids(n: int, vocab_size: int, seed: int = 0) -> list[int]:
@@ -216,7 +149,7 @@ def _load_weights(model_dir: str | None, seed: int, progress: _Progress) -> tupl
         directory = resolve_model_dir(model_dir, download=False)
     except ModelFilesMissing as exc:
         if model_dir is not None:
-            raise BenchError(" ".join(str(exc).split())) from None
+            raise BenchError(squash(exc)) from None
         progress("building random 124M-shape weights (no model files found)")
         return GPT2_124M, random_weights(GPT2_124M, seed), "random (GPT-2 124M shape)"
     progress(f"loading weights from {directory}")
@@ -247,7 +180,7 @@ def run_bench(request: BenchRequest, progress: _Progress | None = None) -> dict[
             try:
                 backends[spec] = get_backend(spec)
             except (ValueError, RuntimeError) as exc:  # the registry's errors name the backend and option
-                raise BenchError(" ".join(str(exc).split())) from None
+                raise BenchError(squash(exc)) from None
         return _run(request, backends, progress)
     finally:
         for backend in backends.values():
@@ -455,7 +388,7 @@ def _choose_backends(text: str | None) -> tuple[list[str], list[str]]:
             try:
                 get_backend_class(parse_backend_spec(spec)[0])
             except (ValueError, RuntimeError) as exc:
-                raise BenchError(" ".join(str(exc).split())) from None
+                raise BenchError(squash(exc)) from None
     if BASELINE not in specs:
         specs.insert(0, BASELINE)
     return list(dict.fromkeys(specs)), notes

@@ -360,3 +360,7 @@ def _unsupported_architecture(d: dict[str, Any]) -> list[str]:
         if key in d and d[key] is not required:
             problems.append(f"'{key}' must be {str(required).lower()} (found {_show(d[key])})")
     return problems
+
+
+#: GPT-2 small ("124M"): the shape of the benchmarks and of `-m random`.
+GPT2_124M = Gpt2Config(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12)

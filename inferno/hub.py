@@ -34,6 +34,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import IO
 
+from inferno.errors import squash
+
 __all__ = [
     "REPO_ID",
     "REQUIRED_FILES",
@@ -396,7 +398,7 @@ def _verify_contents(tmp: Path, dest: Path, url: str) -> None:
             if problems:
                 raise WeightsError(tmp, [f"it does not match config.json: {'; '.join(problems)}"])
     except (ConfigError, TokenizerError, WeightsError) as exc:
-        raise bad(" ".join(str(exc).split())) from None
+        raise bad(squash(exc)) from None
 
 
 def _move_into_place(part: Path, dest: Path) -> None:

@@ -58,6 +58,7 @@ from inferno.batch import (
     read_object,
 )
 from inferno.cli import EXIT_INTERRUPTED, CliError, _load
+from inferno.errors import squash
 
 PROG = "inferno score"
 #: The keys a scoring row may have.
@@ -174,7 +175,7 @@ def _score(pipe: Any, todo: list[ScoreRequest], out_path: Path, out_name: str, n
                     result = pipe.score(req.text, req.stride)
                 except Exception as exc:  # noqa: BLE001 - a backend's failure fails this text, as in batch
                     failed += 1
-                    reason = " ".join(str(exc).split())
+                    reason = squash(exc)
                     print(f"{PROG}: {source}:{req.line}: id {json.dumps(req.id)} failed: "
                           f"{type(exc).__name__}: {reason}", file=sys.stderr)
                     continue

@@ -34,8 +34,8 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from inferno.backends.registry import BackendError
 from inferno.config import Gpt2Config, NotARegularFileError, open_regular_file
+from inferno.errors import BackendError, squash
 
 __all__ = [
     "WeightsError",
@@ -439,7 +439,7 @@ def _orders(order: Callable[[str], str] | None, chosen: dict[str, TensorInfo]) -
         try:
             orders[name] = order(name)
         except Exception as exc:  # noqa: BLE001 - a plugin's bug, reported with its name
-            text = " ".join(str(exc).split())
+            text = squash(exc)
             raise WeightOrderError(f"{who}({name!r}) raised {type(exc).__name__}"
                                    f"{': ' + text if text else ''}") from exc
     bad = {name: o for name, o in orders.items() if not (isinstance(o, str) and o in ("C", "F"))}

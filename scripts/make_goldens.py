@@ -20,8 +20,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from goldens import build_model, check_distinct, weights_sha256  # noqa: E402
 from hf_oracle import hf_greedy, hf_logits, hf_model  # noqa: E402
-from random_gpt2 import DISTINCT  # noqa: E402
 
+from inferno.testing import DISTINCT  # noqa: E402
 from inferno.tokenizer import Tokenizer  # noqa: E402
 
 OUT = ROOT / "tests" / "data" / "golden"

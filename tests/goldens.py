@@ -9,9 +9,9 @@ import shutil
 from pathlib import Path
 
 import numpy as np
-from random_gpt2 import random_state_dict, small_config, write_config, write_hub_safetensors
 
 from inferno.config import Gpt2Config
+from inferno.testing import random_state_dict, small_config, write_config, write_hub_safetensors
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "data" / "golden"

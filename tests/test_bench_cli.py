@@ -11,10 +11,10 @@ from pathlib import Path
 
 import backend_helpers
 import pytest
-from random_gpt2 import random_state_dict, small_config, write_config, write_hub_safetensors
 
 from inferno.backends.numpy_backend import NumpyBackend
 from inferno.bench import GPT2_124M, random_weights, run_bench_cli, split_specs, weights_in_layout
+from inferno.testing import random_state_dict, small_config, write_config, write_hub_safetensors
 
 TOKENIZER = Path(__file__).resolve().parents[1] / "gpt2" / "tokenizer.json"
 FAST = ["--prompt-tokens", "6", "--new-tokens", "3", "--repeat", "2", "--pause", "0", "--warmup", "0"]

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 from cli_helpers import assert_one_line_error, offline_env
 from goldens import golden_model, log_softmax, write_model_dir
-from random_gpt2 import random_state_dict, small_config
 from reference import hf_decode, hf_encode, reference_generate
+
+from inferno.testing import random_state_dict, small_config
 
 #: The summary line: the prompt's time is the time to the first new token, the new tokens' the rest.
 STATS = re.compile(r"^\[prompt (\d+) tokens? in (\d+\.\d\d)s, (\d+) new tokens in (\d+\.\d\d)s, "

@@ -22,10 +22,10 @@ import numpy as np
 import pytest
 from cli_helpers import offline_env
 from goldens import TOKENIZER_JSON, golden_model, write_model_dir
-from random_gpt2 import random_state_dict, small_config, spread_state_dict
 
 import inferno
 from inferno.hub import REQUIRED_FILES
+from inferno.testing import random_state_dict, small_config, spread_state_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()

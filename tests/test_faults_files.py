@@ -10,12 +10,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from random_gpt2 import random_state_dict, small_config, write_hub_safetensors, write_safetensors_raw
 from test_faults_common import assert_one_line_error, cli_env, copy_model, run_cli
 
 import inferno
 import inferno.weights as weights_module
 from inferno.config import ConfigError, Gpt2Config
+from inferno.testing import random_state_dict, small_config, write_hub_safetensors, write_safetensors_raw
 from inferno.tokenizer import Tokenizer, TokenizerError
 from inferno.weights import WeightsError, WeightsMemoryError, load_weights
 

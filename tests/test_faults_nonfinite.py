@@ -10,13 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 from goldens import golden_model, write_model_dir
-from random_gpt2 import random_state_dict, small_config, write_hub_safetensors
 from test_faults_common import assert_one_line_error, cli_env, run_cli
 
 import inferno
 from inferno.backends.registry import get_backend
 from inferno.engine import Engine
 from inferno.model import Gpt2, NonFiniteLogitsError
+from inferno.testing import random_state_dict, small_config, write_hub_safetensors
 from inferno.weights import WeightsError, load_weights
 
 CASES = {

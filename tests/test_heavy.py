@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from goldens import write_model_dir
-from random_gpt2 import random_state_dict, small_config
 
 import inferno
+from inferno.testing import random_state_dict, small_config
 
 pytestmark = pytest.mark.heavy
 

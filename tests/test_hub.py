@@ -10,7 +10,6 @@ import threading
 from pathlib import Path
 
 import pytest
-from random_gpt2 import hub_layout, random_state_dict, small_config
 from safetensors.numpy import save as safetensors_bytes
 
 import inferno.hub as hub
@@ -21,6 +20,7 @@ from inferno.hub import (
     hf_cache_dir,
     resolve_model_dir,
 )
+from inferno.testing import hub_layout, random_state_dict, small_config
 from inferno.tokenizer import bytes_to_unicode
 
 PREFIX = "/openai-community/gpt2/resolve/main/"

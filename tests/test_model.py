@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from goldens import GOLDEN, golden_model, write_model_dir
-from random_gpt2 import random_state_dict, small_config
 
 import inferno
 from inferno.api import Pipeline
@@ -14,6 +13,7 @@ from inferno.backends.numpy_backend import NumpyBackend
 from inferno.generate import ContextLengthError, GenerationError, generate_tokens
 from inferno.model import Gpt2
 from inferno.sampling import SamplingParams
+from inferno.testing import random_state_dict, small_config
 from inferno.weights import iter_weights, load_weights
 
 # Logits agree with HF's float64 forward to this fraction of the largest |logit| (float32 compute).

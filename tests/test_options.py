@@ -393,7 +393,7 @@ def _host_weights(pipe) -> dict:
 
 def test_repetition_penalty_with_prompt_ids_past_the_sampled_ones(tmp_path):
     # A vocabulary padded past the tokenizer's: prompt ids there are valid but never sampled.
-    from random_gpt2 import random_state_dict, small_config
+    from inferno.testing import random_state_dict, small_config
 
     config = small_config(vocab_size=50260, n_positions=16, n_embd=16, n_layer=1, n_head=2)
     pipe = inferno.load(write_model_dir(tmp_path, config, random_state_dict(config, 1)), "numpy",

@@ -26,7 +26,6 @@ pytest.importorskip("transformers")
 
 from goldens import write_model_dir  # noqa: E402
 from hf_oracle import hf_logits, hf_model  # noqa: E402
-from random_gpt2 import random_state_dict, small_config  # noqa: E402
 from transformers.generation.logits_process import (  # noqa: E402
     RepetitionPenaltyLogitsProcessor,
     SequenceBiasLogitsProcessor,
@@ -38,6 +37,7 @@ from transformers.generation.logits_process import (  # noqa: E402
 import inferno  # noqa: E402
 from inferno.options import GenerationOptions, LogitsProcessor  # noqa: E402
 from inferno.sampling import Sampler  # noqa: E402
+from inferno.testing import random_state_dict, small_config  # noqa: E402
 
 pytestmark = pytest.mark.oracle
 

@@ -17,10 +17,10 @@ pytest.importorskip("transformers")
 
 from goldens import TOKENIZER_JSON, write_model_dir  # noqa: E402
 from hf_oracle import hf_greedy, hf_logits, hf_model  # noqa: E402
-from random_gpt2 import make_model_dir, random_state_dict, small_config  # noqa: E402
 
 import inferno  # noqa: E402
 from inferno.sampling import Sampler, SamplingParams  # noqa: E402
+from inferno.testing import make_model_dir, random_state_dict, small_config  # noqa: E402
 
 pytestmark = pytest.mark.oracle
 

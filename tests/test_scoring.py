@@ -8,7 +8,6 @@ import math
 import numpy as np
 import pytest
 from goldens import GOLDEN, TOKENIZER_JSON, golden_model, log_softmax, write_model_dir
-from random_gpt2 import random_state_dict, small_config
 
 import inferno
 from inferno.api import Pipeline
@@ -16,6 +15,7 @@ from inferno.backends.numpy_backend import NumpyBackend
 from inferno.conformance.checks import dtype_name, tolerance_for
 from inferno.model import Gpt2
 from inferno.scoring import ScoringError, score_ids, windows
+from inferno.testing import random_state_dict, small_config
 from inferno.tokenizer import Tokenizer
 
 LOGPROB_ATOL = 1e-4  # float32 compute against float64 references

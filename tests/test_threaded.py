@@ -16,7 +16,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from random_gpt2 import random_state_dict, small_config
 
 from inferno.backends import registry
 from inferno.backends.numpy_backend import NumpyBackend
@@ -32,6 +31,7 @@ from inferno.backends.threaded import (
 from inferno.conformance.checks import all_checks
 from inferno.generate import generate_tokens
 from inferno.model import Gpt2
+from inferno.testing import random_state_dict, small_config
 
 TESTS = Path(__file__).resolve().parent
 THREAD_PREFIX = "inferno-cpu-threaded"
@@ -400,7 +400,7 @@ def test_ctrl_c_during_pooled_work_exits_promptly():
     proc, seconds = _interrupt(textwrap.dedent("""
         import threading
         import numpy as np
-        from random_gpt2 import random_state_dict, small_config
+        from inferno.testing import random_state_dict, small_config
         from inferno.backends.threaded import ThreadedBackend
         from inferno.model import Gpt2
         config = small_config(vocab_size=300, n_positions=256, n_embd=128, n_layer=4, n_head=4)
@@ -422,7 +422,7 @@ def test_ctrl_c_during_pooled_work_exits_promptly():
 
 
 def test_ctrl_c_in_the_cli_exits_130(tmp_path):
-    from random_gpt2 import write_config, write_hub_safetensors
+    from inferno.testing import write_config, write_hub_safetensors
 
     # Slow enough that the 1023 tokens it may generate take seconds.
     config = small_config(vocab_size=50257, n_positions=1024, n_embd=128, n_layer=4, n_head=4)

@@ -10,7 +10,10 @@ import warnings
 
 import numpy as np
 import pytest
-from random_gpt2 import (
+from safetensors.numpy import load_file, save_file
+
+import inferno.weights as weights_module
+from inferno.testing import (
     DTYPES,
     hub_layout,
     make_model_dir,
@@ -23,9 +26,6 @@ from random_gpt2 import (
     write_safetensors_raw,
     write_save_pretrained_safetensors,
 )
-from safetensors.numpy import load_file, save_file
-
-import inferno.weights as weights_module
 from inferno.weights import WeightsError, expected_shapes, load_weights, read_safetensors_header
 
 
@@ -649,7 +649,7 @@ def test_truncated_while_loading_names_the_tensor(tmp_path, monkeypatch, cfg, sd
 
 def _untied_file(path, sd, head, dtype="F32"):
     """A save_pretrained-style file whose lm_head.weight is stored last."""
-    from random_gpt2 import _encode, save_pretrained_layout
+    from inferno.testing import _encode, save_pretrained_layout
 
     tensors = save_pretrained_layout(sd, lm_head=head)
     order = sorted(tensors, key=lambda k: k == "lm_head.weight")
@@ -1064,7 +1064,7 @@ def test_the_head_is_compared_with_wte_a_few_rows_at_a_time(tmp_path, monkeypatc
 def test_a_file_truncated_while_comparing_the_head_is_a_weights_error(tmp_path, monkeypatch, cfg, sd):
     # wte stored last, lm_head the same values before it: the comparison reads wte's last rows from a file
     # cut short since the header was read.
-    from random_gpt2 import _encode, save_pretrained_layout
+    from inferno.testing import _encode, save_pretrained_layout
 
     tensors = save_pretrained_layout(sd)
     order = sorted(tensors, key=lambda k: k == "transformer.wte.weight")
@@ -1158,7 +1158,7 @@ def test_the_file_is_read_unbuffered_without_warnings(tmp_path, cfg, sd):
 def test_iter_weights_gives_the_largest_first_then_the_file_order(tmp_path):
     config = small_config(vocab_size=10)  # wte is not the largest tensor here: the MLP's are
     sd = random_state_dict(config, seed=2)
-    from random_gpt2 import _encode
+    from inferno.testing import _encode
 
     names = sorted(sd, key=lambda k: (k.count("."), k[::-1]))  # neither alphabetical nor canonical
     path = write_safetensors_raw(tmp_path / "m.safetensors", {k: _encode(sd[k], "F32") for k in names})

@@ -8,10 +8,10 @@ import weakref
 
 import numpy as np
 import pytest
-from random_gpt2 import random_state_dict, save_pretrained_layout, save_tensors, small_config
 
 import inferno
 from inferno.backends.numpy_backend import NumpyBackend
+from inferno.testing import random_state_dict, save_pretrained_layout, save_tensors, small_config
 from inferno.weights import WeightsError, iter_weights, load_weights
 
 

@@ -22,6 +22,14 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from inferno.errors import (  # noqa: F401 - a backend's errors, importable beside its protocol
+    BackendError,
+    BackendOptionError,
+    BackendUnavailableError,
+    one_line,
+    squash,
+)
+
 #: A backend's own array type (numpy.ndarray, torch.Tensor, an Array API array, ...).
 Array = Any
 

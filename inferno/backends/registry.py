@@ -56,6 +56,13 @@ import pluggy
 
 from inferno.backends import hookspecs
 from inferno.backends.base import Backend
+from inferno.errors import (  # noqa: F401 - the errors, re-exported where they were
+    BackendError,
+    BackendOptionError,
+    BackendUnavailableError,
+    one_line,
+    squash,
+)
 
 __all__ = [
     "BackendError",
@@ -99,20 +106,6 @@ class UnknownBackendError(ValueError):
             f"unknown backend {name!r}.{hint} Known backends: {', '.join(known) or '(none)'}"
             " (see 'inferno backends')."
         )
-
-
-class BackendUnavailableError(RuntimeError):
-    """The backend is known but cannot run here (missing library, or its plugin failed to load)."""
-
-
-class BackendError(BackendUnavailableError):
-    """A backend failed in a call (its constructor, `prepare_weight`, `weight_order`, a kernel) or
-    returned something unusable (a wrong shape, non-finite values); the message names the backend and
-    the call. A `BackendUnavailableError`: the backend cannot run this."""
-
-
-class BackendOptionError(ValueError):
-    """The options given to a backend were rejected: unknown names or bad values."""
 
 
 class BackendPluginWarning(UserWarning):
@@ -225,7 +218,7 @@ class _Registry:
             except KeyboardInterrupt:
                 raise
             except BaseException as exc:  # noqa: BLE001 - SystemExit too: a plugin never ends the process
-                self._fail(ep.name, origin, version, f"failed to import {ep.value!r}: {_one_line(exc)}")
+                self._fail(ep.name, origin, version, f"failed to import {ep.value!r}: {one_line(exc)}")
                 continue
             self._register(module, origin, version, ep.name)
         self._call_hooks()
@@ -238,7 +231,7 @@ class _Registry:
         except KeyboardInterrupt:
             raise
         except BaseException as exc:  # noqa: BLE001 - PluginValidationError (bad hook signature) and the like
-            self._fail(ep_name, origin, version, f"invalid plugin: {_one_line(exc)}")
+            self._fail(ep_name, origin, version, f"invalid plugin: {one_line(exc)}")
             return
         self.sources[module] = (origin, version, ep_name)
 
@@ -255,7 +248,7 @@ class _Registry:
             except KeyboardInterrupt:
                 raise
             except BaseException as exc:  # noqa: BLE001
-                self._fail(ep_name, origin, version, f"register_backends() raised {_one_line(exc)}")
+                self._fail(ep_name, origin, version, f"register_backends() raised {one_line(exc)}")
 
     def _add(self, cls: object, origin: str, version: str, ep_name: str) -> None:
         """Validate and record one registered class (the `register` callback of the hook)."""
@@ -353,11 +346,6 @@ def _inferno_version() -> str:
     return __version__
 
 
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
 # ------------------------------------------------------------------------------------------- API
 
 _lock = threading.Lock()
@@ -389,8 +377,8 @@ def _status(entry: _Entry) -> str:
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # noqa: BLE001 - a crashing check means it cannot run
-        return f"unavailable_reason() raised {_one_line(exc)}"
-    return "ok" if reason is None else " ".join(str(reason).split())
+        return f"unavailable_reason() raised {one_line(exc)}"
+    return "ok" if reason is None else squash(reason)
 
 
 def _info(entry: _Entry) -> BackendInfo:
@@ -474,4 +462,4 @@ def get_backend(name: str | None = None, **options: Any) -> Backend:
         entry = _entry(backend_name)
         where = "" if entry.origin == BUILT_IN else f" (from {entry.origin} {entry.version}".rstrip() + ")"
         raise BackendError(f"backend {backend_name!r}{where} failed to start: its constructor raised "
-                           f"{_one_line(exc)}") from exc
+                           f"{one_line(exc)}") from exc

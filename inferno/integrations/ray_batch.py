@@ -70,6 +70,7 @@ from inferno.batch import (
 )
 from inferno.cli import EXIT_INTERRUPTED, CliError
 from inferno.engine import DEFAULT_PREFILL_CHUNK, DEFAULT_SLOTS
+from inferno.errors import squash
 from inferno.integrations import limit_blas_to_ray_cpus
 from inferno.score_batch import check_score_request, parse_score_line
 
@@ -306,7 +307,7 @@ class _Generator(_Worker):
                 if not self.engine.alive:  # it fails requests rather than dying; never wait forever
                     raise RuntimeError("the engine's step loop stopped with requests in flight")
             if handle.error is not None:
-                reason = " ".join(str(handle.error).split())
+                reason = squash(handle.error)
                 out.append(_result(row, "failed", message=f"id {json.dumps(req.id)} failed: "
                                    f"{type(handle.error).__name__}: {reason}"))
                 continue
@@ -347,7 +348,7 @@ def connect(address: str | None) -> bool:
         ray.init(address=address, log_to_driver=False)
     except (ConnectionError, ValueError, RuntimeError) as exc:
         where = address or "a local Ray"
-        message = " ".join(str(exc).split())
+        message = squash(exc)
         raise JobError(f"--ray: cannot connect to {where}: {message}") from None
     return True
 

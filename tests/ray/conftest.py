@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 from cli_helpers import offline_env
-from random_gpt2 import small_config, spread_state_dict, write_config, write_hub_safetensors
+
+from inferno.testing import small_config, spread_state_dict, write_config, write_hub_safetensors
 
 # Ray picks the machine's outward address for its node unless told that this is a one-machine cluster;
 # with this (read when Ray is imported) every Ray process listens on 127.0.0.1 only.

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 from goldens import golden_model, write_model_dir  # tests/ is on sys.path (tests/conftest.py)
-from random_gpt2 import random_state_dict, small_config
 
 import inferno
+from inferno.testing import random_state_dict, small_config
 
 # Without the serve-test extra only the tests that need none of it run (the rest would not import).
 _EXTRA = ("fastapi", "uvicorn", "sse_starlette", "prometheus_client", "httpx")

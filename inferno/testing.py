@@ -1,24 +1,20 @@
-"""Seeded random GPT-2 models at small shapes, written the way real checkpoints are.
+"""Seeded random GPT-2 models, in memory or written the way real checkpoints are: the one maker that
+the tests, `inferno bench`, `-m random`, the conformance suite and the plugins' tests share.
 
-Shared test helper (import it as ``from random_gpt2 import ...``; pytest puts ``tests/`` on
-``sys.path``). Every tensor is random, biases and layer-norm gains/biases included, so dropping or
-swapping any tensor changes the logits.
+Every tensor is random, biases and layer-norm gains/biases included, so dropping or swapping any tensor
+changes the logits; random weights make gibberish by design.
 
-* :func:`small_config` - a small :class:`Gpt2Config` (every size can be overridden).
-* :func:`random_state_dict` - ``{canonical name: float32 array}`` in the Hub's key layout.
-* :func:`spread_state_dict` - the same with the logits spread as real weights' are (for sampling tests).
-* :func:`write_hub_safetensors` - the file as the Hub ships ``openai-community/gpt2``: no prefix,
-  ``h.{i}.attn.bias`` mask buffers ``[1, 1, P, P]`` (optionally ``h.{i}.attn.masked_bias``),
-  no ``lm_head.weight``.
-* :func:`write_save_pretrained_safetensors` - ``transformer.``-prefixed keys plus a tied
-  top-level ``lm_head.weight``.
-* :func:`write_config` - a matching Hub-style ``config.json``.
-* :func:`make_model_dir` - config.json + model.safetensors in one directory.
-* :func:`stored_values` - what the arrays become after storage in F16/BF16 (the loader's expected output).
+* `random_weights` - weights of any shape (124M by default) whose next-token distribution is spread as
+  real weights' is (`spread_logits`), so that sampling visibly differs from greedy decoding.
+* `small_config` - a small `Gpt2Config`; `random_state_dict` - the draws every test model is made of.
+* `write_hub_safetensors`, `write_save_pretrained_safetensors`, `write_config`, `make_model_dir` - the
+  files as the Hub ships them (``openai-community/gpt2``: no prefix, ``h.{i}.attn.bias`` mask buffers,
+  no ``lm_head.weight``) or as ``save_pretrained`` writes them (``transformer.`` prefix, a tied
+  ``lm_head.weight``).
+* `stored_values` - what arrays become stored as F16/BF16 (the loader's expected output).
 
-Storage dtypes are ``"F32"``, ``"F16"`` and ``"BF16"``. F32/F16 files are written by
-``safetensors.numpy.save_file``; numpy has no bfloat16, so BF16 files go through
-:func:`write_safetensors_raw`, a minimal writer that is also handy for crafting broken files.
+Storage dtypes are ``"F32"``, ``"F16"`` and ``"BF16"``; numpy has no bfloat16, so BF16 files go through
+`write_safetensors_raw`, a minimal writer that is also handy for crafting broken files.
 """
 
 from __future__ import annotations
@@ -31,9 +27,47 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import save_file
 
-from inferno.config import Gpt2Config
+from inferno.config import GPT2_124M, Gpt2Config
 
 DTYPES = ("F32", "F16", "BF16")
+
+
+#: The spread (standard deviation over the vocabulary) of the next-token logits that random weights are
+#: scaled to, and the standard deviation of their token embeddings (GPT-2's initializer_range): together
+#: they make sampling at temperature 0.8 visibly differ from greedy decoding at any width. Random
+#: weights make gibberish whatever the scale; this only keeps sampling from looking broken.
+RANDOM_LOGIT_STD = 2.0
+RANDOM_EMBEDDING_STD = 0.02
+
+
+def spread_logits(
+    weights: dict[str, np.ndarray], logit_std: float = RANDOM_LOGIT_STD,
+    embedding_std: float = RANDOM_EMBEDDING_STD,
+) -> dict[str, np.ndarray]:
+    """Rescale random `weights` (returned; the two or three arrays changed are replaced, not modified)
+    so that their next-token distribution is spread: ``wte`` to `embedding_std`, then ``ln_f``'s gain
+    and bias so that the logits spread by about `logit_std` over the vocabulary.
+
+    Two things make random GPT-2 weights decode one token forever, with sampling giving the greedy
+    tokens: the LM head is tied to ``wte``, so a large embedding, which the residual stream carries to
+    the last layer, gives the current token a large logit (the model repeats it); and the logits spread
+    with the width (std ~15 at n_embd 768 for N(0, 0.5²) embeddings), so the top token takes all the
+    probability. The logits are ``ln_f(x) @ wte.T`` and ln_f's output has a norm of about
+    sqrt(sum(gain² + bias²)), so their spread is about that norm times the standard deviation of wte's
+    entries; scaling ln_f (which nothing else reads) scales the logits alone.
+    """
+    wte = weights["wte.weight"]
+    std = float(np.std(wte, dtype=np.float64))
+    if embedding_std is not None and std > 0 and abs(std / embedding_std - 1) > 0.01:  # else no 2nd copy
+        weights["wte.weight"] = wte * np.float32(embedding_std / std)
+        std = embedding_std
+    gain, bias = weights["ln_f.weight"], weights["ln_f.bias"]
+    norm = float(np.sqrt(np.square(gain, dtype=np.float64).sum() + np.square(bias, dtype=np.float64).sum()))
+    if norm * std > 0:
+        factor = np.float32(logit_std / (norm * std))
+        weights["ln_f.weight"] = gain * factor
+        weights["ln_f.bias"] = bias * factor
+    return weights
 
 
 def small_config(
@@ -63,7 +97,7 @@ def small_config(
 
 def random_state_dict(
     config: Gpt2Config, seed: int = 0, *, logit_std: float | None = None, wpe_std: float = 0.3,
-    attn_gain: float = 1.0, logit_gain: float = 1.0,
+    attn_gain: float = 1.0, logit_gain: float = 1.0, draw_dtype: type = np.float64,
 ) -> dict[str, np.ndarray]:
     """Random float32 parameters keyed by canonical Hub names (no prefix, no lm_head, no mask buffers).
 
@@ -85,10 +119,11 @@ def random_state_dict(
     ``DISTINCT`` (wpe_std 1.0, attn_gain 3.0, logit_gain 2.0: 25-32 distinct ids in 32 greedy tokens,
     and the next token depends on the context, not only on the position) is what the greedy golden
     model uses. The same draws are made whatever the values, in the same order, so the defaults give
-    exactly the weights they always gave.
+    exactly the weights they always gave. ``draw_dtype=np.float32`` draws in float32 directly: other
+    values, several times faster at the 124M shape (what `random_weights` does).
 
-    ``logit_std`` (opt-in; e.g. ``inferno.bench.RANDOM_LOGIT_STD``) rescales ``wte`` and ``ln_f``
-    afterwards (`inferno.bench.spread_logits`) so that the logits spread by about that much and the
+    ``logit_std`` (opt-in; e.g. ``RANDOM_LOGIT_STD``) rescales ``wte`` and ``ln_f``
+    afterwards (`spread_logits`) so that the logits spread by about that much and the
     current token does not dominate them: at wide shapes the default weights give logits so far apart
     that sampling returns the greedy tokens. The default (None) result, which the committed goldens are
     made from, stays exactly as drawn.
@@ -97,10 +132,12 @@ def random_state_dict(
     V, P, C = config.vocab_size, config.n_positions, config.n_embd
 
     def normal(shape: tuple[int, ...], scale: float) -> np.ndarray:
-        return (rng.standard_normal(shape) * scale).astype(np.float32)
+        a = rng.standard_normal(shape, dtype=draw_dtype)
+        a *= scale
+        return a.astype(np.float32, copy=False)
 
     def gain(n: int) -> np.ndarray:
-        return (1.0 + rng.standard_normal(n) * 0.2).astype(np.float32)
+        return (1.0 + rng.standard_normal(n, dtype=draw_dtype) * 0.2).astype(np.float32, copy=False)
 
     sd: dict[str, np.ndarray] = {
         "wte.weight": normal((V, C), 0.5),
@@ -123,8 +160,6 @@ def random_state_dict(
     sd["ln_f.weight"] = gain(C) * np.float32(logit_gain)
     sd["ln_f.bias"] = normal((C,), 0.2 * logit_gain)
     if logit_std is not None:
-        from inferno.bench import spread_logits
-
         spread_logits(sd, logit_std)
     return sd
 
@@ -133,12 +168,18 @@ def random_state_dict(
 DISTINCT: dict[str, float] = {"wpe_std": 1.0, "attn_gain": 3.0, "logit_gain": 2.0}
 
 
-def spread_state_dict(config: Gpt2Config, seed: int = 0) -> dict[str, np.ndarray]:
-    """`random_state_dict` with logits spread as real weights' are (`inferno.bench.RANDOM_LOGIT_STD`), for
-    tests that sample: temperature 0.8 then visibly differs from greedy at any width."""
-    from inferno.bench import RANDOM_LOGIT_STD
+def spread_state_dict(
+    config: Gpt2Config, seed: int = 0, draw_dtype: type = np.float64
+) -> dict[str, np.ndarray]:
+    """`random_state_dict` with logits spread as real weights' are (`RANDOM_LOGIT_STD`), for tests that
+    sample: temperature 0.8 then visibly differs from greedy at any width."""
+    return random_state_dict(config, seed, logit_std=RANDOM_LOGIT_STD, draw_dtype=draw_dtype)
 
-    return random_state_dict(config, seed, logit_std=RANDOM_LOGIT_STD)
+
+def random_weights(config: Gpt2Config = GPT2_124M, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random float32 weights for `config` (default: the 124M shape) under the canonical Hub names, with
+    the next-token distribution spread (`spread_state_dict`): what `inferno bench` and `-m random` run."""
+    return spread_state_dict(config, seed, np.float32)
 
 
 # ------------------------------------------------------------------------------------ dtype helpers
