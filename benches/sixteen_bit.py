@@ -82,7 +82,7 @@ def weight_bytes(model: Gpt2) -> int:
         return int(inner.nbytes)
 
     total = 0
-    for name, a in model._named_weights():
+    for name, a in model.named_weights():
         if name == "lm_head.weight" and a is model.wte:
             continue  # tied: the same array as wte
         total += size(a)

@@ -30,11 +30,12 @@ from numbers import Integral
 import numpy as np
 
 from inferno.generate import GenerationResult, check_request, new_token_budget
-from inferno.model import Gpt2, KvSlots
+from inferno.kv import KvSlots
+from inferno.model import Gpt2
 from inferno.options import GenerationOptions, SequenceState, Step, TextDecoder
 
 #: Default KV slots: 16 sequences at once. A slot takes 72 MiB at the 124M shape in float32
-#: (`inferno.model.slot_bytes`), so 16 take 1.1 GiB when every sequence fills the whole context;
+#: (`inferno.kv.slot_bytes`), so 16 take 1.1 GiB when every sequence fills the whole context;
 #: memory is touched only as far as sequences actually reach.
 DEFAULT_SLOTS = 16
 DEFAULT_QUEUE = 256

@@ -161,7 +161,7 @@ def test_ragged_forward_checks_shapes_on_its_first_call(weights):
         model.forward_ragged([([1, 2, 3], 0, 0), ([4], 1, 0)], slots)
     good = Gpt2.from_weights(config, sd, NumpyBackend())
     assert good.backend.to_numpy(good.forward_ragged([([1, 2], 0, 0)], good.new_slots(1))).shape == (1, 50257)
-    assert good._shapes_checked == {"forward_ragged"}  # later calls skip the shape checks
+    assert good.kernels.shapes_checked == {"forward_ragged"}  # later calls skip the shape checks
 
 
 def test_broken_plugin_kernel_from_the_cli(model_dir, plugins, tmp_path):

@@ -315,7 +315,7 @@ config = Gpt2Config.from_file(directory / "config.json")
 base = status("VmRSS")
 # What inferno.load does with the weights (the tokenizer's memory is not the weights').
 model = Gpt2.from_weights(config, iter_weights(directory / "model.safetensors", config, be.weight_order), be)
-held = sum(a.nbytes for _, a in model._named_weights())
+held = sum(a.nbytes for _, a in model.named_weights())
 print(status("VmHWM") - base, held)
 """
 

@@ -269,7 +269,7 @@ base = status("VmRSS")
 # What inferno.load does with the weights (the tokenizer's memory is not the weights').
 model = Gpt2.from_weights(config, iter_weights(directory / "model.safetensors", config, be.weight_order), be)
 held = sum(size(a) + size(getattr(a, "_inferno_head", None))
-           for name, a in model._named_weights() if not (name == "lm_head.weight" and a is model.wte))
+           for name, a in model.named_weights() if not (name == "lm_head.weight" and a is model.wte))
 print(status("VmHWM") - base, held)
 """
 
