@@ -50,7 +50,7 @@ def random_model_dir(directory: Path, seed: int = 0) -> Path:
 
 
 def start_server(model_dir: Path, backend: str, slots: int, port: int, log: Path) -> subprocess.Popen:
-    command = [sys.executable, "-m", "inferno.serve.cli", "--model-dir", str(model_dir), "--backend", backend,
+    command = [sys.executable, "-m", "inferno", "serve", "--model-dir", str(model_dir), "--backend", backend,
                "--port", str(port), "--slots", str(slots), "--queue", "4096"]
     with open(log, "wb") as f:
         env = dict(os.environ, PYTHONUNBUFFERED="1")

@@ -16,8 +16,6 @@ The helpers here (`random_weights`, `time_generation`, `time_prefill`, `time_dec
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import platform
 import statistics
@@ -39,7 +37,6 @@ from inferno.testing import (  # noqa: F401 - where bench users found them
 )
 
 BASELINE = "numpy"
-EXIT_USAGE = 2
 
 
 
@@ -116,7 +113,7 @@ class BenchRequest:
     pause: float = 0.2
 
 
-class _Progress:
+class BenchProgress:
     """One status line on stderr: rewritten in place on a terminal, one line per update otherwise."""
 
     def __init__(self, stream: IO[str], quiet: bool = False) -> None:
@@ -139,7 +136,7 @@ class _Progress:
             self.stream.flush()
 
 
-def _load_weights(model_dir: str | None, seed: int, progress: _Progress) -> tuple[Gpt2Config, dict, str]:
+def _load_weights(model_dir: str | None, seed: int, progress: BenchProgress) -> tuple[Gpt2Config, dict, str]:
     from pathlib import Path
 
     from inferno.hub import ModelFilesMissing, resolve_model_dir
@@ -169,11 +166,11 @@ def weights_in_layout(
     return cache[key]
 
 
-def run_bench(request: BenchRequest, progress: _Progress | None = None) -> dict[str, Any]:
+def run_bench(request: BenchRequest, progress: BenchProgress | None = None) -> dict[str, Any]:
     """Measure every backend of `request`; returns the report (what ``--json`` prints)."""
     from inferno.backends.registry import get_backend
 
-    progress = progress or _Progress(sys.stderr, quiet=True)
+    progress = progress or BenchProgress(sys.stderr, quiet=True)
     backends: dict[str, Any] = {}
     try:
         for spec in request.specs:
@@ -188,7 +185,7 @@ def run_bench(request: BenchRequest, progress: _Progress | None = None) -> dict[
         progress.done()
 
 
-def _run(request: BenchRequest, backends: dict[str, Any], progress: _Progress) -> dict[str, Any]:
+def _run(request: BenchRequest, backends: dict[str, Any], progress: BenchProgress) -> dict[str, Any]:
     from inferno.model import Gpt2
 
     config, weights, source = _load_weights(request.model_dir, request.seed, progress)
@@ -309,55 +306,6 @@ def _num(value: float | None) -> str:
     return "-" if value is None else f"{value:,.1f}"
 
 
-# ------------------------------------------------------------------------------------------ the CLI
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:
-        raise BenchError(message)
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
-    return value
-
-
-def _non_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return value
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="inferno bench", description="Measure end-to-end generation speed of each backend "
-                "on this machine, with ratios to the numpy reference.")
-    p.add_argument("--backends", metavar="A,B,...",
-                   help="backends to measure, with options (numpy,cpu-threaded:threads=2); default: every "
-                   "usable one. numpy is always measured: it is the baseline")
-    p.add_argument("--model-dir", help="use the real weights in this folder (default: ./gpt2 or the "
-                   "Hugging Face cache if present, else random weights of the 124M shape)")
-    p.add_argument("--prompt-tokens", type=_positive, default=64, help="prompt length (default 64)")
-    p.add_argument("--new-tokens", type=_positive, default=32, help="tokens to generate (default 32)")
-    p.add_argument("--repeat", type=_positive, default=3, help="timed runs per backend (default 3)")
-    p.add_argument("--warmup", type=_non_negative, default=1, help="short untimed runs first (default 1)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random prompt and weights")
-    p.add_argument("--pause", type=float, default=0.2, metavar="SECONDS",
-                   help="idle time before each timed run (default 0.2): BLAS and OpenMP worker threads "
-                   "spin for ~0.1 s after a call and would slow down the next backend")
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
-    return p
-
-
 def split_specs(text: str) -> list[str]:
     """``"numpy,cpu-threaded:threads=2,min_rows=8"`` → ``["numpy", "cpu-threaded:threads=2,min_rows=8"]``:
     a piece with ``=`` but no ``:`` is another option of the spec before it."""
@@ -372,7 +320,7 @@ def split_specs(text: str) -> list[str]:
     return specs
 
 
-def _choose_backends(text: str | None) -> tuple[list[str], list[str]]:
+def choose_backends(text: str | None) -> tuple[list[str], list[str]]:
     """(specs to measure, notes about usable-looking backends that were skipped)."""
     from inferno.backends.registry import get_backend_class, list_backends, parse_backend_spec
 
@@ -392,32 +340,3 @@ def _choose_backends(text: str | None) -> tuple[list[str], list[str]]:
     if BASELINE not in specs:
         specs.insert(0, BASELINE)
     return list(dict.fromkeys(specs)), notes
-
-
-def run_bench_cli(argv: Sequence[str]) -> int:
-    """Entry point of ``inferno bench`` (`argv`: the arguments after ``bench``). Returns the exit code."""
-    try:
-        try:
-            args = _parser().parse_args(list(argv))
-        except SystemExit as exc:  # --help
-            return int(exc.code or 0)
-        specs, notes = _choose_backends(args.backends)
-        if not 0 <= args.pause <= 60:
-            raise BenchError(f"argument --pause: expected seconds in [0, 60], got {args.pause}")
-        request = BenchRequest(specs, args.prompt_tokens, args.new_tokens, args.repeat, args.warmup,
-                               args.seed, args.model_dir, args.pause)
-        report = run_bench(request, _Progress(sys.stderr, quiet=args.quiet))
-    except BenchError as exc:
-        print(f"inferno bench: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except (OSError, ValueError) as exc:  # unreadable config or weights, and the like
-        print(f"inferno bench: error: {' '.join(str(exc).split())}", file=sys.stderr)
-        return EXIT_USAGE
-    if args.json:
-        report["skipped"] = notes
-        print(json.dumps(report, indent=2))
-    else:
-        print(format_table(report))
-        for note in notes:
-            print(note, file=sys.stderr)
-    return 0 if all(row["status"] == "ok" for row in report["results"]) else 1

@@ -21,7 +21,9 @@ from backend_helpers import registered
 from cli_helpers import assert_line_reports, assert_one_line_error, offline_env
 
 from inferno.backends.numpy_backend import NumpyBackend
-from inferno.batch import _Progress, parse_requests, run_batch_cli
+from inferno.cli.batch import run as run_batch_cli
+from inferno.jobs.generate import parse_requests
+from inferno.jobs.progress import Progress as _Progress
 
 #: How the tests start the command. Until `batch` is in inferno.cli.SUBCOMMANDS it runs as a module;
 #: afterwards this becomes [sys.executable, "-m", "inferno", "batch"].

@@ -13,7 +13,8 @@ import backend_helpers
 import pytest
 
 from inferno.backends.numpy_backend import NumpyBackend
-from inferno.bench import GPT2_124M, random_weights, run_bench_cli, split_specs, weights_in_layout
+from inferno.bench import GPT2_124M, random_weights, split_specs, weights_in_layout
+from inferno.cli.bench import run as run_bench_cli
 from inferno.testing import random_state_dict, small_config, write_config, write_hub_safetensors
 
 TOKENIZER = Path(__file__).resolve().parents[1] / "gpt2" / "tokenizer.json"

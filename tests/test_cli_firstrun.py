@@ -264,7 +264,7 @@ def test_summary_line_splits_prompt_and_generation(model_dir, env, pipe):
 
 
 def test_summary_arithmetic():
-    from inferno.cli import _summary
+    from inferno.cli.generate import _summary
 
     # The prompt's time is the time to the first token; tok/s is the rate of the tokens after it.
     assert _summary(8, 50, 0.04, 0.98) == "[prompt 8 tokens in 0.04s, 50 new tokens in 0.98s, 50.0 tok/s]"
@@ -300,16 +300,16 @@ def test_unknown_flag_is_still_named(model_dir, env):
 
 
 def test_serve_help_through_the_inferno_command(env):
-    pytest.importorskip("inferno.serve.cli")
+    pytest.importorskip("inferno.cli.serve")
     proc = run(["serve", "--help"], env)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("usage: inferno serve")
 
 
 def test_serve_without_fastapi_says_how_to_install_it(env):
-    # inferno.serve.cli failing to import because FastAPI is missing (sys.modules[name] = None makes an
+    # inferno.cli.serve failing to import because FastAPI is missing (sys.modules[name] = None makes an
     # import fail and find_spec return None).
-    code = ("import sys; sys.modules['fastapi'] = None; sys.modules['inferno.serve.cli'] = None\n"
+    code = ("import sys; sys.modules['fastapi'] = None; sys.modules['inferno.cli.serve'] = None\n"
             "from inferno.cli import main; sys.exit(main())")
     proc = run(["serve", "--port", "0"], env, command=[sys.executable, "-c", code])
     assert one_line_error(proc) == 'inferno serve needs the serve extra: pip install "inferno[serve]"'

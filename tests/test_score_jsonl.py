@@ -20,9 +20,9 @@ from backend_helpers import registered
 from cli_helpers import assert_line_reports, assert_one_line_error, offline_env
 
 from inferno.backends.numpy_backend import NumpyBackend
-from inferno.batch import _Progress
 from inferno.cli import main
-from inferno.score_batch import parse_score_requests
+from inferno.jobs.progress import Progress as _Progress
+from inferno.jobs.score import parse_score_requests
 
 SCORE = [sys.executable, "-m", "inferno", "score"]
 RESULT_KEYS = {"id", "ids", "logprobs", "total_logprob", "perplexity", "stride"}

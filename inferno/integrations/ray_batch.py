@@ -44,35 +44,25 @@ Each worker holds its own weights (~0.5 GB at 124M) and KV slots. The driver hol
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import sys
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import ray
 import ray.data
 
-from inferno.batch import (
-    EXIT_FAILED,
-    LineError,
-    _check_output,
-    _DeferInterrupts,
-    _Output,
-    check_request,
-    parse_line,
-    read_done,
-    split_lines,
-)
-from inferno.cli import EXIT_INTERRUPTED, CliError
 from inferno.engine import DEFAULT_PREFILL_CHUNK, DEFAULT_SLOTS
 from inferno.errors import squash
 from inferno.integrations import limit_blas_to_ray_cpus
-from inferno.score_batch import check_score_request, parse_score_line
+from inferno.jobs.generate import check_request, parse_line
+from inferno.jobs.lines import JobError, LineError, split_lines
+from inferno.jobs.output import Output, check_output, read_done
+from inferno.jobs.progress import DeferInterrupts, JobReport
+from inferno.jobs.score import check_score_request, parse_score_line
 
 GENERATE, SCORE = "generate", "score"
 #: What a folder's files may be.
@@ -86,11 +76,6 @@ POLL_SECONDS = 0.05
 
 class WorkerError(RuntimeError):
     """Why a worker cannot start, in one line (plain, so that Ray carries it back to the driver)."""
-
-
-class JobError(CliError):
-    """A problem with the job as asked (input, output, Ray address, a worker that cannot start); one
-    line, exit code 2 from the command line."""
 
 
 @dataclass
@@ -109,21 +94,6 @@ class JobConfig:
     stop_at_eos: bool = True
     stride: int | None = None
     strict: bool = False
-
-
-@dataclass
-class JobReport:
-    """What a job did; `messages` are the lines it reported (malformed rows, failures)."""
-
-    written: int = 0
-    tokens: int = 0  # new tokens (generation) or tokens scored
-    seconds: float = 0.0  # from the start of the workers' pass to its end (their model loads included)
-    skipped: int = 0  # ids already in OUT
-    malformed: int = 0
-    failed: int = 0  # requests the engine failed (rerun to retry them)
-    repeated: int = 0  # rows of retried batches that were already written (dropped)
-    interrupted: bool = False
-    messages: list[str] = field(default_factory=list)
 
 
 # ------------------------------------------------------------------------------------------ input
@@ -371,7 +341,7 @@ class Job:
                  report: Callable[[str], None]) -> None:
         self.config = config
         self.input_name = input_name
-        self.out_path = _check_output(output_name, input_name)
+        self.out_path = check_output(output_name, input_name)
         self.output_name = output_name
         self.files, self.root = input_files(input_name)
         self.report_line = report
@@ -466,8 +436,8 @@ class Job:
         worker, calls = (_Scorer, 1) if c.kind == SCORE else (_Generator, CALLS_PER_WORKER)
         results = rows.map_batches(worker, compute=self._pool(calls), **_worker_args(c))
         written: set[str] = set()
-        output: _Output | None = None  # opened with the first row: a job that fails to start leaves OUT
-        interrupts = _DeferInterrupts()
+        output: Output | None = None  # opened with the first row: a job that fails to start leaves OUT
+        interrupts = DeferInterrupts()
         start = time.perf_counter()
         try:
             with interrupts:
@@ -482,9 +452,9 @@ class Job:
                         res.repeated += 1
                     else:
                         if output is None:
-                            output = _Output(self.out_path, needs_newline)
+                            output = Output(self.out_path, needs_newline)
                         with interrupts.critical():  # written and counted, or neither
-                            _write_line(output, r["out"])
+                            output.write_line(r["out"])
                             written.add(r["key"])
                             res.written += 1
                             res.tokens += int(r["tokens"])
@@ -500,15 +470,6 @@ def _drop_rows(batch: dict[str, Any], drop: set) -> dict[str, Any]:
     """The rows of a batch not in `drop` ((source, line) of the malformed, duplicate and done rows)."""
     keep = [(str(s), int(n)) not in drop for s, n in zip(batch["source"], batch["line"], strict=True)]
     return {name: values[keep] for name, values in batch.items()}
-
-
-def _write_line(output: _Output, line: str) -> None:
-    """One output line as the workers serialized it (`json.dumps`, as the single-process command)."""
-    data = output.prefix + line.encode("ascii") + b"\n"
-    view = memoryview(data)
-    while view:
-        view = view[os.write(output.fd, view):]
-    output.prefix = b""
 
 
 def _worker_rows(ds: Any) -> Iterable[dict[str, Any]]:
@@ -544,36 +505,15 @@ def _count(n: int, what: str) -> str:
     return f"{n} {what}" if n == 1 else f"{n} {what}s"
 
 
-# -------------------------------------------------------------------------------- the command line
-
-
-def run_cli(kind: str, args: argparse.Namespace, prog: str) -> int:
-    """``inferno batch --ray`` (kind GENERATE) and ``inferno score --ray`` (SCORE) with their parsed flags;
-    returns the exit code. Usage problems raise `CliError` (the caller prints one line, exit 2)."""
-    config = JobConfig(kind=kind, model_dir=args.model_dir, backend=args.backend, threads=args.threads,
-                       workers=args.workers or 1, cpus_per_worker=args.cpus_per_worker or 1.0,
-                       prefill_chunk=getattr(args, "prefill_chunk", None) or DEFAULT_PREFILL_CHUNK,
-                       max_new_tokens=getattr(args, "max_new_tokens", 50),
-                       stop_at_eos=not getattr(args, "ignore_eos", False),
-                       stride=getattr(args, "stride", None), strict=args.strict,
-                       slots=getattr(args, "slots", None) or DEFAULT_SLOTS)
-    address = {"": None, "local": "local"}.get(args.ray, args.ray)
-    job = Job(config, args.input, args.output, lambda m: print(f"{prog}: {m}", file=sys.stderr, flush=True))
+def run_job(config: JobConfig, input_name: str, output_name: str, address: str | None,
+            say: Callable[[str], None]) -> JobReport:
+    """Run the job on Ray (connecting to `address`: None for ray.init()'s default, "local", "auto",
+    HOST:PORT or ray://HOST:PORT), saying each reported line with `say`; problems with the job as asked
+    are a `JobError`."""
+    job = Job(config, input_name, output_name, say)
     connected = connect(address)
     try:
-        result = job.run()
+        return job.run()
     finally:
         if connected:
             ray.shutdown()
-    what = "requests" if kind == GENERATE else "texts"
-    tokens = "new tokens" if kind == GENERATE else "tokens"
-    if result.interrupted:
-        print(f"[interrupted: {result.written} {what} written to {args.output}]", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    rate = result.tokens / result.seconds if result.seconds > 0 else 0.0
-    tail = f", {result.failed} failed (run again to retry them)" if result.failed else ""
-    if result.repeated:  # a worker died: Ray ran its batches again; their rows were written once
-        tail += f", {result.repeated} repeated rows of retried batches dropped"
-    print(f"[{result.written} {what}, {result.tokens} {tokens} in {result.seconds:.2f} s, {rate:.1f} tok/s; "
-          f"{result.skipped} skipped (already in OUT), {result.malformed} malformed{tail}]", file=sys.stderr)
-    return EXIT_FAILED if result.failed else 0

@@ -31,8 +31,4 @@ def __getattr__(name: str) -> Any:
         from inferno.serve.config import ServeConfig
 
         return ServeConfig
-    if name == "run_serve_cli":
-        from inferno.serve.cli import run_serve_cli
-
-        return run_serve_cli
     raise AttributeError(f"module 'inferno.serve' has no attribute {name!r}")

@@ -25,7 +25,8 @@ from ray_helpers import (
     write_jsonl,
 )
 
-from inferno.batch import LineError, parse_line
+from inferno.jobs.generate import parse_line
+from inferno.jobs.lines import LineError
 
 pytestmark = pytest.mark.usefixtures("ray_address")
 

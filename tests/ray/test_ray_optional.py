@@ -53,7 +53,8 @@ def test_importing_inferno_and_running_batch_and_score_never_import_ray(ray_mode
     proc = run_cli(["score", str(text), "--json", "-m", str(ray_model_dir)], env)
     assert proc.returncode == 0, proc.stderr
     assert "perplexity" in proc.stdout and loaded_ray_modules(proc) == []
-    code = "import sys, inferno, inferno.batch, inferno.cli, inferno.integrations; print(sorted(m for m in " \
+    code = "import sys, inferno, inferno.jobs.generate, inferno.cli, inferno.integrations; " \
+        "print(sorted(m for m in " \
         "sys.modules if m.split('.')[0] == 'ray'))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr

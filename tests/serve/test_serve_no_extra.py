@@ -11,7 +11,7 @@ EXTRA = ("fastapi", "uvicorn", "sse_starlette", "prometheus_client", "starlette"
 
 def test_the_core_and_the_cli_do_not_import_the_extra():
     code = ("import sys, inferno, inferno.api, inferno.engine, inferno.cli\n"
-            "import inferno.serve, inferno.serve.cli, inferno.serve.config\n"
+            "import inferno.serve, inferno.cli.serve, inferno.serve.config\n"
             f"loaded = sorted(set({EXTRA!r}) & set(sys.modules))\n"
             "assert not loaded, loaded\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -22,7 +22,7 @@ def run_without_extra(*flags: str) -> subprocess.CompletedProcess:
     # sys.modules[name] = None makes both `import name` and importlib.util.find_spec(name) fail.
     code = ("import sys\n"
             "sys.modules['fastapi'] = None\n"
-            "from inferno.serve.cli import run_serve_cli\n"
+            "from inferno.cli.serve import run as run_serve_cli\n"
             "sys.exit(run_serve_cli(sys.argv[1:]))\n")
     return subprocess.run([sys.executable, "-c", code, *flags], capture_output=True, text=True, timeout=60)
 

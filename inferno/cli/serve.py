@@ -1,7 +1,6 @@
 """``inferno serve``: parse the flags, bind the socket, run uvicorn; the model loads in the background.
 
-    inferno serve --model-dir gpt2 --port 8000 --slots 16 --queue 256
-    python -m inferno.serve.cli --model-dir gpt2 --port 8000          # the same, without the CLI wiring
+    inferno serve -m gpt2 --port 8000 --slots 16 --queue 256
 
 Exit codes: 0 after a clean shutdown (SIGTERM or Ctrl-C: running requests get --grace-seconds to
 finish), 2 for usage errors, a missing ``serve`` extra, a port that cannot be bound, or a model that
@@ -21,16 +20,11 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+from inferno.cli._args import EXIT_USAGE, Parser, add_model_args
 from inferno.engine import DEFAULT_PREFILL_CHUNK, DEFAULT_QUEUE, DEFAULT_SLOTS
 from inferno.serve.config import DEFAULT_MODEL_ID, ServeConfig
 
-EXIT_USAGE = 2
 _EXTRA = ("fastapi", "uvicorn", "sse_starlette", "prometheus_client")
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, like the other subcommands
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def _int_at_least(low: int):
@@ -68,16 +62,11 @@ def _seconds(text: str) -> float:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="inferno serve", description="Serve the model over HTTP: OpenAI-compatible "
+    p = Parser(prog="inferno serve", description="Serve the model over HTTP: OpenAI-compatible "
                 "/v1/completions (streaming, n, logprobs, echo), /v1/models, /health, /tokenize, "
                 "/detokenize, /tokenizer_info, /metrics.")
+    add_model_args(p)  # -m/--model-dir, -b/--backend, --threads: as every subcommand has them
     arg = p.add_argument
-    arg("--model-dir", metavar="DIR", help="folder with config.json, model.safetensors, tokenizer.json "
-        "(default: ./gpt2, then the Hugging Face cache, then a download)")
-    arg("--backend", metavar="NAME", help="compute backend, optionally with options: NAME[:key=value,...] "
-        "(default: $INFERNO_BACKEND or numpy; see 'inferno backends')")
-    arg("--threads", metavar="N", type=_int_at_least(1),
-        help="worker threads (cpu-threaded, torch; default: usable cores); other backends reject it")
     arg("--host", default="127.0.0.1", help="address to listen on (127.0.0.1; 0.0.0.0 for every interface)")
     arg("--port", type=_port, default=8000, help="port to listen on (8000; 0 picks a free one)")
     arg("--slots", metavar="N", type=_int_at_least(1), default=DEFAULT_SLOTS,
@@ -138,7 +127,7 @@ def _logging() -> None:
     log.propagate = False
 
 
-def run_serve_cli(argv: Sequence[str]) -> int:
+def run(argv: Sequence[str]) -> int:
     """``inferno serve`` with `argv` (the flags after ``serve``); returns the exit code."""
     args = _parser().parse_args(list(argv))
     missing = _missing_extra()
@@ -164,7 +153,7 @@ def run_serve_cli(argv: Sequence[str]) -> int:
 
     import uvicorn
 
-    from inferno.serve.app import create_app
+    from inferno.serve import create_app
 
     _logging()
     config = ServeConfig(model_dir=args.model_dir, backend=backend, model_id=model_id, slots=args.slots,
@@ -204,11 +193,3 @@ def run_serve_cli(argv: Sequence[str]) -> int:
         if close is not None:
             close()
     return EXIT_USAGE if state.status == "failed" else 0
-
-
-def main() -> int:
-    return run_serve_cli(sys.argv[1:])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

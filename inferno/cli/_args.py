@@ -1,0 +1,203 @@
+"""What every subcommand shares: exit codes, `CliError`, the one-line parser, the number types, the
+model flags (``-m/-b/--threads``), loading the model they name, reading a text file, and the --ray flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import sys
+from collections.abc import Callable, Sequence
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+class CliError(Exception):
+    """A problem the user can fix; printed as one line, exit code 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line instead of usage + message
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def number(kind: type, check: Callable[[float], bool], expected: str) -> Callable[[str], float]:
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if not check(value):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return value
+
+    parse.__name__ = expected  # argparse shows this name in its messages
+    return parse
+
+
+temperature = number(float, lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0")
+top_p = number(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
+non_negative = number(int, lambda v: v >= 0, "an integer >= 0")
+positive = number(int, lambda v: v >= 1, "an integer >= 1")
+seed = number(int, lambda v: v >= 0, "an integer >= 0")
+
+
+ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", '"': '"', "'": "'"}
+
+
+def unescape(text: str) -> str:
+    """Backslash escapes in a --stop string (\\n, \\t, \\r, \\\\, \\", \\'), as llama.cpp reads them."""
+    return re.sub(r"\\(.)", lambda m: ESCAPES.get(m.group(1), m.group(0)), text)
+
+
+def bias(text: str) -> tuple[int, float]:
+    token, sep, value = text.partition("=")
+    try:
+        if not sep:
+            raise ValueError
+        return int(token), float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected ID=BIAS (e.g. 50256=-100), got {text!r}") from None
+
+
+bias.__name__ = "ID=BIAS"
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    arg = p.add_argument
+    arg("-m", "--model-dir", metavar="DIR", help="folder with config.json, model.safetensors, tokenizer.json "
+        "(default: ./gpt2, then the Hugging Face cache, then a download)")
+    arg("-b", "--backend", metavar="NAME", help="compute backend, optionally with options: "
+        "NAME[:key=value,...] (default: $INFERNO_BACKEND or numpy; see 'inferno backends')")
+    arg("--threads", metavar="N", type=positive,
+        help="worker threads (cpu-threaded, torch, half; default: usable cores); other backends reject it")
+
+
+def load(args: argparse.Namespace):
+    import inferno
+    from inferno.backends.registry import BackendOptionError, get_backend
+
+    backend = args.backend
+    if args.threads is not None:
+        try:
+            backend = get_backend(args.backend, threads=args.threads)
+        except BackendOptionError as exc:
+            raise CliError(f"--threads: {exc}") from None
+    return inferno.load(args.model_dir, backend)
+
+
+def count(n: int, what: str) -> str:
+    return f"{n} {what}" if n == 1 else f"{n} {what}s"
+
+
+def read_text(name: str) -> str:
+    if name == "-":
+        if sys.stdin.isatty():
+            raise CliError("give a FILE to score, or pipe the text in: inferno score - < FILE")
+        data, name = sys.stdin.buffer.read(), "stdin"
+    else:
+        with open(name, "rb") as f:
+            data = f.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        bad = f"byte 0x{data[exc.start]:02x} at offset {exc.start}"
+        raise CliError(f"{name}: not UTF-8 text ({bad})") from None
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    from inferno.backends.registry import BackendOptionError, BackendUnavailableError, UnknownBackendError
+    from inferno.config import ConfigError
+    from inferno.generate import GenerationError
+    from inferno.hub import ModelFilesMissing
+    from inferno.jobs import JobError
+    from inferno.sampling import SamplingError
+    from inferno.scoring import ScoringError
+    from inferno.tokenizer import TokenizerError
+    from inferno.weights import WeightsError
+
+    return (CliError, JobError, ConfigError, WeightsError, TokenizerError, ModelFilesMissing,
+            UnknownBackendError, BackendUnavailableError, BackendOptionError, GenerationError, SamplingError,
+            ScoringError, OSError)
+
+
+# ------------------------------------------------------------------------------- --ray (Ray Data)
+
+#: The flags that only mean something with --ray.
+RAY_ONLY = ("workers", "cpus_per_worker")
+
+
+def add_ray_args(p: argparse.ArgumentParser) -> None:
+    """The flags --ray adds to ``inferno batch`` and ``inferno score``."""
+    arg = p.add_argument
+    arg("--ray", metavar="ADDRESS", nargs="?", const="", type=_address,
+        help="run on Ray Data (needs the ray extra): without ADDRESS, ray.init()'s default (RAY_ADDRESS, "
+        "a Ray started on this machine, else a new local one); 'auto', HOST:PORT or ray://HOST:PORT for "
+        "a cluster")
+    arg("--workers", metavar="N", type=_positive_int,
+        help="with --ray: Ray actors, each loading the model once (default 1)")
+    arg("--cpus-per-worker", metavar="N", type=_positive_float,
+        help="with --ray: CPUs Ray reserves for each worker, which are its BLAS threads (default 1)")
+
+
+def _address(text: str) -> str:
+    """"" (none given), "auto", "local", HOST:PORT or ray://HOST:PORT. Anything else (IN written right
+    after a bare --ray) is refused, so that --ray never takes the input file for an address."""
+    if text in ("", "auto", "local") or text.startswith("ray://"):
+        return text
+    host, sep, port = text.rpartition(":")
+    if sep and host and port.isdigit():
+        return text
+    raise argparse.ArgumentTypeError(f"expected auto, HOST:PORT or ray://HOST:PORT, got {text!r} (write "
+                                     "--ray after IN, or --ray=ADDRESS)")
+
+
+_address.__name__ = "--ray ADDRESS"
+
+
+_positive_int = positive
+_positive_float = number(float, lambda v: math.isfinite(v) and v > 0, "a number > 0")
+
+
+def without_ray(args: argparse.Namespace, extra: Sequence[str] = ()) -> str | None:
+    """The first flag given that only works with --ray (None when --ray is given or none is)."""
+    if getattr(args, "ray", None) is not None:
+        return None
+    for name in (*RAY_ONLY, *extra):
+        if getattr(args, name, None) not in (None, False):
+            return "--" + name.replace("_", "-")
+    return None
+
+
+def run_ray_job(kind: str, args: argparse.Namespace, prog: str) -> int:
+    """``inferno batch --ray`` (kind "generate") and ``inferno score --ray`` ("score") with their parsed
+    flags; returns the exit code. A missing extra is a `CliError` naming what to install."""
+    from inferno.integrations import ray_missing
+
+    missing = ray_missing("data")
+    if missing:
+        raise CliError(f"--ray {missing}")
+    from inferno.engine import DEFAULT_PREFILL_CHUNK, DEFAULT_SLOTS
+    from inferno.integrations.ray_batch import GENERATE, JobConfig, run_job
+
+    config = JobConfig(kind=kind, model_dir=args.model_dir, backend=args.backend, threads=args.threads,
+                       workers=args.workers or 1, cpus_per_worker=args.cpus_per_worker or 1.0,
+                       prefill_chunk=getattr(args, "prefill_chunk", None) or DEFAULT_PREFILL_CHUNK,
+                       max_new_tokens=getattr(args, "max_new_tokens", 50),
+                       stop_at_eos=not getattr(args, "ignore_eos", False),
+                       stride=getattr(args, "stride", None), strict=args.strict,
+                       slots=getattr(args, "slots", None) or DEFAULT_SLOTS)
+    address = {"": None, "local": "local"}.get(args.ray, args.ray)
+    report = run_job(config, args.input, args.output, address,
+                     lambda m: print(f"{prog}: {m}", file=sys.stderr, flush=True))
+    what, tokens = ("requests", "new tokens") if kind == GENERATE else ("texts", "tokens")
+    print(report.summary(what, tokens, args.output, of_todo=False), file=sys.stderr)
+    return exit_code(report)
+
+
+def exit_code(report) -> int:
+    """A job's exit code: 130 interrupted, 1 when some rows failed, else 0."""
+    return EXIT_INTERRUPTED if report.interrupted else EXIT_FAILED if report.failed else 0

@@ -1,0 +1,128 @@
+"""A job's files: the input read whole, and OUT, only ever appended to, one whole line a result, so that
+a rerun resumes where the last one stopped (the ids OUT already holds are skipped).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from inferno.jobs.lines import JobError
+
+#: Reports about lines of an existing OUT that are not output lines, before they are only counted.
+MAX_OUT_REPORTS = 10
+
+
+@dataclass
+class Done:
+    """What an existing OUT already holds."""
+
+    ids: set
+    notes: list[str]  # problems found, as "LINE: what" (reported, never fixed)
+    needs_newline: bool  # OUT does not end with a newline: the next line must start on a new one
+
+
+def read_done(path: Path) -> Done:
+    """The ids of the complete output lines of `path` (absent: none)."""
+    ids: set = set()
+    notes: list[str] = []
+    bad = 0
+    needs_newline = False
+    if not path.exists():
+        return Done(ids, notes, False)
+    with open(path, "rb") as f:
+        line = 0
+        for line, raw in enumerate(f, 1):
+            complete = raw.endswith(b"\n")
+            if not complete:
+                needs_newline = True
+            if not raw.strip():
+                continue
+            rid, why = _output_id(raw)
+            if rid is not None:
+                ids.add(rid)
+                continue
+            if not complete:
+                notes.append(f"{line}: a partial last line ({len(raw)} bytes, no newline: an interrupted "
+                             "write?) is left as it is and not counted")
+                continue
+            bad += 1
+            if bad <= MAX_OUT_REPORTS:
+                notes.append(f"{line}: not an output line ({why}); left as it is and not counted")
+        if bad > MAX_OUT_REPORTS:
+            notes.append(f"{line}: ... and {bad - MAX_OUT_REPORTS} more lines that are not output lines")
+    return Done(ids, notes, needs_newline)
+
+
+def _output_id(raw: bytes) -> tuple[str | int | None, str]:
+    try:
+        obj = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None, "not JSON"
+    if not isinstance(obj, dict) or "id" not in obj:
+        return None, "no id"
+    rid = obj["id"]
+    if isinstance(rid, bool) or not isinstance(rid, (str, int)):
+        return None, "its id is not a string or an integer"
+    return rid, ""
+
+
+class Output:
+    """Appends whole lines to OUT: one `os.write` per line, so a line is in the file entirely or not at all
+    (a line written across several calls only if the OS returns a short write, which it does not for
+    regular files). Never truncates."""
+
+    def __init__(self, path: Path, needs_newline: bool) -> None:
+        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_BINARY", 0), 0o666)
+        self.prefix = b"\n" if needs_newline else b""
+
+    def write(self, obj: dict[str, Any]) -> None:
+        self.write_line(json.dumps(obj))
+
+    def write_line(self, line: str) -> None:
+        """One line already serialized by `json.dumps` (ASCII), written whole."""
+        data = self.prefix + line.encode("ascii") + b"\n"
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self.fd, view):]
+        self.prefix = b""
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve() or (a.exists() and b.exists() and os.path.samefile(a, b))
+    except OSError:
+        return False
+
+
+def read_input(name: str, prog: str, items: str = "requests") -> bytes:
+    if name == "-":
+        if sys.stdin.isatty():
+            raise JobError(f"give an IN.jsonl file, or pipe the {items} in: {prog} - -o OUT < IN.jsonl")
+        return sys.stdin.buffer.read()
+    path = Path(name)
+    if path.is_dir():
+        raise JobError(f"{name}: is a folder, not a JSONL file")
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def check_output(name: str, input_name: str) -> Path:
+    if name == "-":
+        raise JobError("-o: give a file (results are appended to it, and it makes the run resumable)")
+    out = Path(name)
+    if input_name != "-" and same_file(out, Path(input_name)):
+        raise JobError(f"-o {name}: that is the input file; give another file for the results")
+    parent = out.parent
+    if not parent.is_dir():
+        raise JobError(f"-o {name}: the folder {parent} does not exist")
+    if out.is_dir():
+        raise JobError(f"-o {name}: is a folder")
+    return out
