@@ -3,9 +3,11 @@ of a JSONL job's reports of malformed lines."""
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 
@@ -44,3 +46,41 @@ def assert_line_reports(proc: subprocess.CompletedProcess, prog: str, source: st
         for needle in bad[int(match.group(1))]:
             assert needle in report, f"{needle!r} not in {report!r}"
     assert {int(head.match(r).group(1)) for r in reports} == set(bad)
+
+
+def run_inferno(args: list[str], env: dict[str, str], *, cwd: Path | None = None,
+                input: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`inferno ARGS` with `env` and `cwd`, its result as `subprocess.run` gives it. In this process
+    (`inferno.cli.main(argv)`, stdin at /dev/null) unless `input` is given: a piped stdin is the process
+    boundary itself, so that runs in a subprocess."""
+    if input is not None:
+        return subprocess.run([sys.executable, "-m", "inferno", *args], capture_output=True, text=True,
+                              env=env, cwd=cwd, input=input, timeout=timeout)
+    from inferno.cli import main
+
+    saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    saved_streams = sys.stdin, sys.stdout, sys.stderr
+    out, err = io.BytesIO(), io.BytesIO()
+    wrappers = [io.TextIOWrapper(b, encoding="utf-8", write_through=True) for b in (out, err)]
+    try:
+        os.environ.clear()
+        os.environ.update(env)
+        if cwd is not None:
+            os.chdir(cwd)
+        with open(os.devnull) as devnull:
+            sys.stdin = devnull
+            sys.stdout, sys.stderr = wrappers
+            try:
+                code = main(list(args))
+            except SystemExit as exc:  # argparse's --help and one-line usage errors
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        for wrapper in wrappers:
+            wrapper.flush()
+            wrapper.detach()  # keeps the bytes readable once the wrapper is gone
+        sys.stdin, sys.stdout, sys.stderr = saved_streams
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+    text = [b.getvalue().decode("utf-8", "replace").replace("\r\n", "\n") for b in (out, err)]
+    return subprocess.CompletedProcess(["inferno", *args], code, *text)

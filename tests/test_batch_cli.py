@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from backend_helpers import registered
-from cli_helpers import assert_line_reports, assert_one_line_error, offline_env
+from cli_helpers import assert_line_reports, assert_one_line_error, offline_env, run_inferno
 
 from inferno.backends.numpy_backend import NumpyBackend
 from inferno.cli.batch import run as run_batch_cli
@@ -37,8 +37,7 @@ STATS = re.compile(r"^\[(\d+) requests, \d+ new tokens in \d+\.\d\d s, \d+\.\d t
 
 def run_batch(args: list[str], env: dict[str, str], *, cwd: Path | None = None,
               input: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([*BATCH, *args], capture_output=True, text=True, env=env, cwd=cwd, input=input,
-                          timeout=120)
+    return run_inferno(["batch", *args], env, cwd=cwd, input=input)
 
 
 @pytest.fixture

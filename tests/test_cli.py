@@ -1,4 +1,5 @@
-"""The `inferno` command, run as a user runs it: a subprocess, its stdout, stderr and exit code."""
+"""The `inferno` command as a user runs it: its stdout, stderr and exit code (in this process through
+`main(argv)`, in a subprocess where the process itself is what a test is about)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cli_helpers import assert_one_line_error, offline_env
+from cli_helpers import assert_one_line_error, offline_env, run_inferno
 from goldens import golden_model, log_softmax, write_model_dir
 from reference import hf_decode, hf_encode, reference_generate
 
@@ -29,10 +30,8 @@ def env(tmp_path) -> dict[str, str]:
 
 
 def run(args: list[str], env: dict[str, str], cwd: Path | None = None) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "inferno", *args]
     # stdin is /dev/null: a piped stdin would be read as more prompt text.
-    return subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd, timeout=120,
-                          stdin=subprocess.DEVNULL)
+    return run_inferno(args, env, cwd=cwd)
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from backend_helpers import registered
-from cli_helpers import assert_line_reports, assert_one_line_error, offline_env
+from cli_helpers import assert_line_reports, assert_one_line_error, offline_env, run_inferno
 
 from inferno.backends.numpy_backend import NumpyBackend
 from inferno.cli import main
@@ -33,8 +33,7 @@ WORDS = "the quick brown fox jumps over the lazy dog while a cat watches from th
 
 def run_score(args: list[str], env: dict[str, str], *, cwd: Path | None = None,
               input: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([*SCORE, *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=120,
-                          input=input, stdin=None if input is not None else subprocess.DEVNULL)
+    return run_inferno(["score", *args], env, cwd=cwd, input=input)
 
 
 @pytest.fixture
@@ -67,11 +66,12 @@ def stats(proc: subprocess.CompletedProcess) -> tuple[int, int, int, int]:
 
 
 def single(text: str, model_dir: Path, env: dict[str, str], tmp_path: Path,
-           flags: list[str] = ()) -> subprocess.CompletedProcess:
-    """`inferno score FILE --json` on one text."""
+           flags: list[str] = (), input: str | None = None) -> subprocess.CompletedProcess:
+    """`inferno score FILE --json` on one text (in a subprocess when `input` is given, as a job whose
+    stdin is piped runs: its BLAS rounds as that process's does)."""
     path = tmp_path / "one.txt"
     path.write_bytes(text.encode("utf-8"))
-    return run_score([str(path), "--json", "-m", str(model_dir), *flags], env)
+    return run_score([str(path), "--json", "-m", str(model_dir), *flags], env, input=input)
 
 
 def words(n: int, start: int = 0) -> str:
@@ -128,7 +128,7 @@ def test_stdin_and_the_default_stride(model_dir, env, tmp_path):
     lines = output_lines(out)
     assert [line["id"] for line in lines] == [0, 1, 2]
     for i, line in enumerate(lines):
-        expected = json.loads(single(words(5 + i, i), model_dir, env, tmp_path).stdout)
+        expected = json.loads(single(words(5 + i, i), model_dir, env, tmp_path, input="").stdout)
         assert line == {"id": i, **expected} and line["stride"] == 64  # half the context of 128
 
 
