@@ -51,9 +51,9 @@ def assert_line_reports(proc: subprocess.CompletedProcess, prog: str, source: st
 def run_inferno(args: list[str], env: dict[str, str], *, cwd: Path | None = None,
                 input: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     """`inferno ARGS` with `env` and `cwd`, its result as `subprocess.run` gives it. In this process
-    (`inferno.cli.main(argv)`, stdin at /dev/null) unless `input` is given: a piped stdin is the process
-    boundary itself, so that runs in a subprocess."""
-    if input is not None:
+    (`inferno.cli.main(argv)`, stdin at /dev/null) unless `input` is given or `env` has a PYTHONPATH of
+    its own: a piped stdin, and plugins discovered at start-up, need a process of their own."""
+    if input is not None or env.get("PYTHONPATH") != os.environ.get("PYTHONPATH"):
         return subprocess.run([sys.executable, "-m", "inferno", *args], capture_output=True, text=True,
                               env=env, cwd=cwd, input=input, timeout=timeout)
     from inferno.cli import main

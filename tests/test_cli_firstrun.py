@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cli_helpers import offline_env
+from cli_helpers import offline_env, run_inferno
 from goldens import TOKENIZER_JSON, golden_model, write_model_dir
 
 import inferno
@@ -38,6 +38,8 @@ def env(tmp_path) -> dict[str, str]:
 
 def run(args: list[str], env: dict[str, str], *, stdin: bytes | None = None, cwd: Path | None = None,
         command: list[str] | None = None) -> subprocess.CompletedProcess:
+    if stdin is None and command is None:  # in this process (see run_inferno)
+        return run_inferno(args, env, cwd=cwd)
     command = command or [sys.executable, "-m", "inferno"]
     kwargs = {"input": stdin} if stdin is not None else {"stdin": subprocess.DEVNULL}
     proc = subprocess.run([*command, *args], capture_output=True, env=env, cwd=cwd, timeout=120, **kwargs)

@@ -11,6 +11,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+from cli_helpers import run_inferno
 from goldens import golden_model, write_model_dir
 
 #: Every CLI case must end within this many seconds: a hang is a failure (subprocess.TimeoutExpired).
@@ -28,6 +29,8 @@ def cli_env(tmp_path: Path, **extra: str) -> dict[str, str]:
 
 def run_cli(args: list[str], env: dict[str, str], cwd: Path | None = None, python_flags: tuple = (),
             timeout: float = TIME_BOUND_S) -> subprocess.CompletedProcess:
+    if not python_flags and args[:1] != ["serve"]:  # in this process (see run_inferno)
+        return run_inferno(args, env, cwd=cwd, timeout=timeout)
     command = [sys.executable, *python_flags, "-m", "inferno", *args]
     return subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout,
                           stdin=subprocess.DEVNULL)
