@@ -30,10 +30,25 @@ def model_dir(tmp_path_factory) -> Path:
     return directory
 
 
+@pytest.fixture(scope="session")
+def empty_logs_db(tmp_path_factory) -> Path:
+    """An empty llm logs database, migrated once: llm migrates a new one at its first prompt, which
+    takes seconds (hundreds of schema statements, each committed), so each test starts from a copy."""
+    import sqlite_utils
+    from llm.migrations import migrate
+
+    path = tmp_path_factory.mktemp("llm-template") / "logs.db"
+    migrate(sqlite_utils.Database(path))
+    return path
+
+
 @pytest.fixture(autouse=True)
-def llm_user_path(tmp_path, monkeypatch) -> Path:
-    """llm reads LLM_USER_PATH at every use, so no test touches the real ~/.config/io.datasette.llm."""
+def llm_user_path(tmp_path, monkeypatch, empty_logs_db) -> Path:
+    """llm reads LLM_USER_PATH at every use, so no test touches the real ~/.config/io.datasette.llm;
+    each test has its own, with its own logs."""
     path = tmp_path / "llm-user"
+    path.mkdir()
+    shutil.copy(empty_logs_db, path / "logs.db")
     monkeypatch.setenv("LLM_USER_PATH", str(path))
     # llm re-raises a model's errors instead of printing them when this is set; the tests want what
     # a user sees.
