@@ -7,7 +7,9 @@ the plugin's cache, generates for the same model, prompt and options.
 
 from __future__ import annotations
 
+import http.server
 import shutil
+import threading
 
 import inferno
 import llm
@@ -209,11 +211,39 @@ def test_a_missing_model_dir(tmp_path):
     assert_one_error(result, "model_dir", f"no folder at '{missing}'")
 
 
-def test_a_model_dir_without_the_files(tmp_path):
+@pytest.fixture
+def hub(monkeypatch) -> list[str]:
+    """A Hub endpoint on 127.0.0.1 that answers 404 and records the paths asked for, with downloads
+    allowed (HF_ENDPOINT points at it); stopped after the test."""
+    asked: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            asked.append(self.path)
+            self.send_error(404)
+
+        do_HEAD = do_GET
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.server_port}")
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    yield asked
+    server.shutdown()
+    server.server_close()
+    thread.join(timeout=10)
+
+
+def test_a_model_dir_without_the_files(tmp_path, hub):
     (tmp_path / "empty").mkdir()
     result = run_llm("-m", "gpt2", "-o", "model_dir", str(tmp_path / "empty"), "Hi")
     assert_one_error(result, str(tmp_path / "empty"), "config.json", "model.safetensors", "tokenizer.json")
-    assert not any((tmp_path / "empty").iterdir())  # a model_dir is used as it is: nothing downloaded
+    # A model_dir is used as it is: nothing is fetched into it, although downloads are allowed.
+    assert hub == [] and not any((tmp_path / "empty").iterdir())
 
 
 def test_an_unknown_backend(model_dir):
