@@ -1,0 +1,153 @@
+"""llm-inferno: GPT-2 in simonw's `llm`, run in this process by inferno.
+
+    llm install -e plugins/llm-inferno
+    llm -m gpt2 "The quick brown fox"
+    llm -m gpt2 -o temperature 0.8 -o top_k 40 -o seed 1 "Once upon a time"
+    llm -m gpt2 -o model_dir ./my-gpt2 -o backend cpu-threaded "Hello"
+
+It uses inferno's public API only: `inferno.load` and the `Pipeline`'s token stream.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import inferno
+import llm
+from pydantic import Field, field_validator
+
+__version__ = "0.1.0"
+
+#: The llm model ids, which are also the names `inferno.load` takes, and their Hub repo ids as aliases.
+MODELS: dict[str, tuple[str, ...]] = {
+    "gpt2": ("openai-community/gpt2",),
+    "gpt2-medium": ("openai-community/gpt2-medium",),
+    "gpt2-large": ("openai-community/gpt2-large",),
+    "gpt2-xl": ("openai-community/gpt2-xl",),
+    "distilgpt2": ("distilbert/distilgpt2",),
+    "random": (),  # random weights at the 124M shape: gibberish by design, no download
+}
+
+#: `Pipeline.generate`'s own default, so `llm -m gpt2` and `inferno` write as much by default.
+DEFAULT_MAX_TOKENS = 50
+
+#: The options passed to inferno under the same name (GenerationOptions keywords).
+SAMPLING_OPTIONS = ("temperature", "top_k", "top_p", "seed")
+
+
+@llm.hookimpl
+def register_models(register) -> None:
+    for model_id, aliases in MODELS.items():
+        register(Inferno(model_id), aliases=aliases)
+
+
+# Loaded pipelines by (model name or model folder, backend): `llm chat` and Python callers prompt the same
+# model many times in one process, and loading is the slow part.
+_pipelines: dict[tuple[str, str | None], inferno.Pipeline] = {}
+_lock = threading.Lock()
+
+
+def load_pipeline(name: str, model_dir: str | None, backend: str | None) -> inferno.Pipeline:
+    """The cached `Pipeline` for `model_dir` (a local folder, used as it is) or else the model `name`
+    (inferno resolves and downloads it), on `backend`; a load failure is an `llm.ModelError`."""
+    source = str(Path(model_dir).expanduser().resolve()) if model_dir is not None else name
+    key = (source, backend)
+    with _lock:
+        if key not in _pipelines:
+            try:
+                if model_dir is not None:
+                    _pipelines[key] = inferno.load(source, backend, download=False)
+                else:
+                    _pipelines[key] = inferno.load(source, backend)
+            except (OSError, ValueError, RuntimeError) as e:
+                # inferno's load errors are one line naming the file, field or backend; llm shows
+                # ModelError's message as "Error: ..." instead of a traceback.
+                raise llm.ModelError(f"inferno could not load {source!r}: {e}") from e
+        return _pipelines[key]
+
+
+def prompt_text(prompt: llm.Prompt, conversation: llm.Conversation | None) -> str:
+    """The text GPT-2 continues. It has no chat format, so a conversation is one running text: the
+    first system prompt and a blank line, then every earlier prompt followed by its continuation, then
+    this prompt, joined exactly as written."""
+    turns = _turns(prompt, conversation)
+    system = next((text for role, text in turns if role == "system" and text), "")
+    parts = [system + "\n\n"] if system else []
+    parts += [text for role, text in turns if role in ("user", "assistant")]
+    return "".join(parts)
+
+
+def _turns(prompt: llm.Prompt, conversation: llm.Conversation | None) -> list[tuple[str, str]]:
+    """(role, text) of each message of the conversation up to this prompt, oldest first."""
+    messages = getattr(prompt, "messages", None)
+    if messages is not None:
+        # llm >= 0.32 gives the whole chain here (a conversation continued with `llm -c` is read back
+        # from the logs into it, not into conversation.responses).
+        from llm.parts import TextPart
+
+        return [(m.role, "".join(p.text for p in m.parts if isinstance(p, TextPart))) for m in messages]
+    turns = []
+    for earlier in conversation.responses if conversation is not None else []:
+        turns += [("system", earlier.prompt.system or ""), ("user", earlier.prompt.prompt or ""),
+                  ("assistant", earlier.text())]
+    return turns + [("system", prompt.system or ""), ("user", prompt.prompt or "")]
+
+
+class Inferno(llm.Model):
+    can_stream = True
+
+    class Options(llm.Options):
+        max_tokens: int | None = Field(
+            default=None, ge=0, description=f"Tokens to generate at most (default {DEFAULT_MAX_TOKENS})")
+        temperature: float | None = Field(
+            default=None, ge=0, allow_inf_nan=False,
+            description="Sampling temperature; 0, the default, is greedy (the most likely token each time)")
+        top_k: int | None = Field(
+            default=None, ge=0,
+            description="Sample among the k most likely tokens only (0, the default: off)")
+        top_p: float | None = Field(
+            default=None, gt=0, le=1,
+            description="Sample among the most likely tokens whose probabilities add up to p (1: off)")
+        seed: int | None = Field(
+            default=None, ge=0, description="Seed for sampling: the same seed gives the same text")
+        backend: str | None = Field(
+            default=None, min_length=1,
+            description="inferno backend, optionally with options: numpy, cpu-threaded, half, "
+                        "torch:device=cuda ... (default $INFERNO_BACKEND, else numpy; see "
+                        "`inferno backends`)")
+        model_dir: str | None = Field(
+            default=None, min_length=1,
+            description="A local folder holding config.json, model.safetensors and tokenizer.json, loaded "
+                        "instead of the model's name (nothing is downloaded)")
+
+        @field_validator("model_dir")
+        @classmethod
+        def _is_a_folder(cls, value: str | None) -> str | None:
+            if value is not None and not os.path.isdir(os.path.expanduser(value)):
+                raise ValueError(f"no folder at {value!r} (it should hold config.json, model.safetensors "
+                                 "and tokenizer.json)")
+            return value
+
+    def __init__(self, model_id: str) -> None:
+        self.model_id = model_id
+
+    def execute(self, prompt: llm.Prompt, stream: bool, response: llm.Response,
+                conversation: llm.Conversation | None = None) -> Iterator[str]:
+        options = prompt.options
+        pipe = load_pipeline(self.model_id, options.model_dir, options.backend)
+        sampling = {name: getattr(options, name) for name in SAMPLING_OPTIONS
+                    if getattr(options, name) is not None}
+        max_tokens = DEFAULT_MAX_TOKENS if options.max_tokens is None else options.max_tokens
+        # A bad prompt (too long for the context) is a ValueError with one line, which llm shows as is.
+        tokens = pipe.tokens(prompt_text(prompt, conversation), max_tokens, **sampling)
+        # Each step's text is released once it is whole (a character split across tokens is held back).
+        for step in tokens.steps():
+            if step.text:
+                yield step.text
+        result = tokens.result()
+        response.set_usage(input=len(result.prompt_ids), output=result.new_tokens)
+        response.response_json = {"finish_reason": result.finish_reason, "backend": result.backend,
+                                  "ids": result.ids}
