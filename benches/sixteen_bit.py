@@ -4,8 +4,8 @@
     python benches/sixteen_bit.py --rounds 9 --steps 64 --json out.json
 
 Backends (each skipped with a note when not installed): `numpy` (float32, the baseline), `torch` in
-float32 and bfloat16 (the inferno-torch plugin: oneDNN-packed weights on the CPU), and `half` with
-float16 and bfloat16 weights (the inferno-half plugin: float32 activations, a compiled GEMV).
+float32 and bfloat16 (the inferno-gpt2-torch plugin: oneDNN-packed weights on the CPU), and `half` with
+float16 and bfloat16 weights (the inferno-gpt2-half plugin: float32 activations, a compiled GEMV).
 
 All get the same random weights of the GPT-2 124M shape. Each round runs every backend once, in turn,
 so that a noisy neighbour slows all of them alike (with a rest of `PAUSE` before each timed part, for
@@ -78,7 +78,7 @@ def _timed(f) -> float:
 def weight_bytes(model: Gpt2) -> int:
     """Bytes the backend holds for the weights (a packed copy of the tied head included)."""
     def size(a) -> int:
-        inner = getattr(a, "weight", a)  # inferno-torch's LinearWeight wraps a tensor
+        inner = getattr(a, "weight", a)  # inferno-gpt2-torch's LinearWeight wraps a tensor
         return int(inner.nbytes)
 
     total = 0

@@ -111,6 +111,7 @@ def test_one_new_token_has_no_decode_rate(capsys, model_dir):
     assert row["decode_tokens_per_second"] is None and row["vs_numpy"]["decode"] is None
 
 
+@pytest.mark.heavy
 def test_random_weights_when_no_model_is_found(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # no ./gpt2
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # and an empty Hugging Face cache
@@ -163,6 +164,7 @@ def test_split_specs_keeps_options_together():
     assert split_specs("numpy:dtype=float64,,") == ["numpy:dtype=float64"]
 
 
+@pytest.mark.heavy
 def test_random_weights_have_the_124m_shape():
     from inferno.weights import expected_shapes
 

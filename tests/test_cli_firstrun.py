@@ -314,7 +314,7 @@ def test_serve_without_fastapi_says_how_to_install_it(env):
     code = ("import sys; sys.modules['fastapi'] = None; sys.modules['inferno.cli.serve'] = None\n"
             "from inferno.cli import main; sys.exit(main())")
     proc = run(["serve", "--port", "0"], env, command=[sys.executable, "-c", code])
-    assert one_line_error(proc) == 'inferno serve needs the serve extra: pip install "inferno[serve]"'
+    assert one_line_error(proc) == 'inferno serve needs the serve extra: pip install "inferno-gpt2[serve]"'
 
 
 # ------------------------------------------------------------------------------------- 4, 6. README
@@ -329,13 +329,13 @@ def test_readme_synopsis_and_flags():
     cli = _section("Command line")
     for flag in ("--version", "-f FILE", "-n N", "-m DIR", "-t T", "-s S", "-b NAME", "-j"):
         assert flag in cli, flag
-    assert 'pip install "inferno[hub]"' in README
+    assert 'pip install "inferno-gpt2[hub]"' in README
 
 
 def test_readme_installs_the_cpu_torch_before_the_plugin():
     cpu = 'pip install "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu'
     assert cpu in README
-    assert README.index(cpu) < README.index("pip install -e plugins/inferno-torch")
+    assert README.index(cpu) < README.index("pip install -e plugins/inferno-gpt2-torch")
 
 
 def test_readme_tokenizer_snippet_runs(monkeypatch):
@@ -383,6 +383,7 @@ def test_preset_sample_differs_from_greedy_on_the_command_line(tmp_path, env):
     assert greedy not in sampled and sampled[0] != sampled[1]
 
 
+@pytest.mark.heavy
 def test_random_weights_spread_at_the_124m_shape():
     # What `inferno bench`, the benches and the threaded tests run on.
     from inferno.backends.registry import get_backend

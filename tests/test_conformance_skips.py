@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 PLUGINS = Path(__file__).parent / "plugins"
 ARGS = ["--pyargs", "inferno.conformance", "--backend", "broken-layernorm", "-k", "layernorm or add", "-rfs"]
 
@@ -26,6 +28,7 @@ def run_suite(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([*cmd, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_listed_failures_are_skipped_and_the_run_passes(tmp_path):
     # The broken layer norm ignores eps: exactly these two checks fail without the list.
     (tmp_path / "skips.txt").write_text("# eps is ignored\nlayernorm-small-variance\n"
@@ -37,6 +40,7 @@ def test_listed_failures_are_skipped_and_the_run_passes(tmp_path):
     assert "SKIPPED [2] " in proc.stdout and ": listed in skips.txt" in proc.stdout  # -rs: why
 
 
+@pytest.mark.slow
 def test_a_kernel_name_skips_all_its_checks_and_unused_entries_are_named(tmp_path):
     from inferno.conformance import all_checks
 
@@ -48,6 +52,7 @@ def test_a_kernel_name_skips_all_its_checks_and_unused_entries_are_named(tmp_pat
     assert f" {len(layernorm)} skipped" in proc.stdout and "failed" not in proc.stdout
 
 
+@pytest.mark.slow
 def test_without_the_list_the_same_run_fails(tmp_path):
     proc = run_suite(ARGS, tmp_path)
     assert proc.returncode == 1
@@ -55,6 +60,7 @@ def test_without_the_list_the_same_run_fails(tmp_path):
     assert "FAILED test_kernels.py::test_kernel[layernorm-eps-1e-3]" in proc.stdout
 
 
+@pytest.mark.slow
 def test_an_unreadable_skips_file_is_a_usage_error(tmp_path):
     proc = run_suite([*ARGS, "--conformance-skips", "missing.txt"], tmp_path)
     assert proc.returncode == 4

@@ -230,6 +230,7 @@ def test_submissions_from_many_threads(pipe):
         assert results[i] == alone.ids
 
 
+@pytest.mark.slow
 def test_stress_random_requests_with_cancellations(pipe):
     rng = np.random.default_rng(0)
     n_requests, n_pos = 200, pipe.config.n_positions

@@ -188,10 +188,10 @@ def test_thread_count_is_bounded(model_dir, tmp_path, flags, extra_env, needle):
 
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch")
 def test_torch_thread_count_is_bounded(model_dir, tmp_path):
-    # The plugin as pip installs it: its entry point's metadata, its package from plugins/inferno-torch.
-    meta = fake_distribution(tmp_path / "meta", "inferno-torch", "unused_module", "",
+    # The plugin as pip installs it: its entry point's metadata, its package from plugins/inferno-gpt2-torch.
+    meta = fake_distribution(tmp_path / "meta", "inferno-gpt2-torch", "unused_module", "",
                              {"torch": "inferno_torch.backend"})
-    env = with_path(cli_env(tmp_path), meta, ROOT / "plugins" / "inferno-torch")
+    env = with_path(cli_env(tmp_path), meta, ROOT / "plugins" / "inferno-gpt2-torch")
     args = ["Hi", "--model-dir", str(model_dir), "--backend", "torch:device=cpu", "--threads", "100000"]
     proc = run_cli(args, env, timeout=120)  # used to segfault (exit 139, no message)
     assert_one_line_error(proc, "--threads", "threads=100000 must be at most 1024")

@@ -29,3 +29,19 @@ def test_ci_runs_the_readme_test_command():
     assert match, "README.md has no test command block (marked <!-- test-command -->)"
     command = match.group(1).strip().splitlines()[-1].strip()
     assert command in (ROOT / ".ci" / "run").read_text(), f".ci/run does not run the README's {command!r}"
+
+
+#: Distribution names that are someone else's on PyPI: `inferno` (a map/reduce platform) and
+#: `inferno-torch` (a Bayesian deep-learning library). Ours are inferno-gpt2, inferno-gpt2-half,
+#: inferno-gpt2-torch and llm-inferno.
+TAKEN_NAMES = re.compile(r'(?<![\w-])inferno\[|(?<![\w-])inferno-(?:torch|half)\b')
+
+
+def test_no_message_or_doc_names_a_distribution_that_is_not_ours():
+    paths = [ROOT / "README.md", ROOT / "pyproject.toml", ROOT / ".ci" / "run"]
+    for folder in ("inferno", "plugins", "docs", "benches", "examples"):
+        paths += [p for p in (ROOT / folder).rglob("*") if p.suffix in {".py", ".md", ".toml", ".c", ".yaml"}
+                  and "egg-info" not in str(p)]
+    found = [f"{p.relative_to(ROOT)}:{n}: {line.strip()}" for p in paths
+             for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1) if TAKEN_NAMES.search(line)]
+    assert not found, "\n".join(found)

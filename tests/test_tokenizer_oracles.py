@@ -257,6 +257,7 @@ def _code_points(astral_step: int) -> list[str]:
     return [chr(c) for c in points]
 
 
+@pytest.mark.slow
 def test_pre_tokenizer_on_every_code_point(tok: Tokenizer, hf: Any) -> None:
     """How each code point splits: after a letter, before an apostrophe (a contraction only after
     a letter, digit or space), after a digit and a space, before a dot. This is where the engines'
@@ -272,6 +273,7 @@ def test_pre_tokenizer_on_every_code_point(tok: Tokenizer, hf: Any) -> None:
             pytest.fail(f"pieces differ from tokenizers' at character {min(ends[i], theirs[i])} in {where!r}")
 
 
+@pytest.mark.slow
 def test_every_code_point_in_context(tok: Tokenizer, hf: Any, tt: Any) -> None:
     """Ids for each code point in contexts that make its class visible in the ids (''s' is one token
     only as a contraction), against both oracles."""

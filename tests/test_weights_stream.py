@@ -85,6 +85,7 @@ class CopyingBackend(NumpyBackend):
         return np.array(a, dtype=np.float32, copy=True)
 
 
+@pytest.mark.slow
 def test_inferno_load_hands_the_backend_one_host_tensor_at_a_time(model_dir):
     be = CopyingBackend()
     pipe = inferno.load(model_dir, be, download=False)

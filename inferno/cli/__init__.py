@@ -46,7 +46,7 @@ def _run_serve(argv: Sequence[str]) -> int:
         extra_missing = (exc.name or "").split(".")[0] in _SERVE_EXTRA
         if not (extra_missing or importlib.util.find_spec("fastapi") is None):
             raise
-        print('inferno serve needs the serve extra: pip install "inferno[serve]"', file=sys.stderr)
+        print('inferno serve needs the serve extra: pip install "inferno-gpt2[serve]"', file=sys.stderr)
         return EXIT_USAGE
     return run_serve(argv)
 

@@ -12,7 +12,7 @@ import importlib.util
 import math
 
 #: What to install: Ray Data and Ray Serve at the version the integrations are tested with.
-RAY_INSTALL = 'pip install "inferno[ray]"'
+RAY_INSTALL = 'pip install "inferno-gpt2[ray]"'
 
 #: The top-level modules each integration needs beyond the core (ray[data] brings pyarrow and pandas;
 #: ray[serve] and the serve extra bring FastAPI and uvicorn).

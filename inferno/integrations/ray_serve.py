@@ -1,6 +1,6 @@
 """Ray Serve: the server of ``inferno serve`` (its FastAPI app, routes and all) on Ray Serve replicas.
 
-    pip install "inferno[ray]"
+    pip install "inferno-gpt2[ray]"
     serve run examples/ray_serve.yaml                      # replicas, autoscaling bounds, slots: see there
     serve run inferno.integrations.ray_serve:build_app model_dir=gpt2 slots=16
 

@@ -1,6 +1,6 @@
 """``inferno serve``: an OpenAI-compatible HTTP server over the continuous-batching engine.
 
-    pip install "inferno[serve]"
+    pip install "inferno-gpt2[serve]"
     inferno serve --model-dir gpt2 --port 8000 --slots 16
     curl -N localhost:8000/v1/completions -H 'content-type: application/json' \\
          -d '{"prompt": "The quick brown fox", "max_tokens": 20, "stream": true}'
@@ -22,7 +22,7 @@ __all__ = ["ServeConfig", "create_app", "run_serve_cli"]
 
 
 def __getattr__(name: str) -> Any:
-    # Lazy, so that `inferno.serve.cli` can say "pip install inferno[serve]" when FastAPI is missing.
+    # Lazy, so that `inferno.serve.cli` can say "pip install inferno-gpt2[serve]" when FastAPI is missing.
     if name == "create_app":
         from inferno.serve.app import create_app
 

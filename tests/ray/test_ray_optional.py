@@ -66,7 +66,7 @@ def test_without_ray_installed_ray_is_one_line_naming_the_extra(command, ray_mod
     src.write_text(json.dumps({"id": 1, "prompt": "Hi", "text": "Hi there"}) + "\n")
     argv = [command, str(src), "-o", str(tmp_path / "out.jsonl"), "-m", str(ray_model_dir), "--ray"]
     proc = run_cli(argv, env, hide_ray=True)
-    assert_one_line_error(proc, "--ray", 'pip install "inferno[ray]"')
+    assert_one_line_error(proc, "--ray", 'pip install "inferno-gpt2[ray]"')
     assert not (tmp_path / "out.jsonl").exists()
 
 

@@ -12,6 +12,9 @@ import httpx
 import pytest
 from serve_helpers import astream, finished, running
 
+#: Load tests: minutes of streaming clients, run after the default suite (-m slow).
+pytestmark = pytest.mark.slow
+
 # The load: 32 concurrent streaming clients (twice the slots, so half of them queue) for 60 s.
 LOAD_SECONDS = 60.0
 LOAD_CLIENTS = 32

@@ -31,7 +31,7 @@ def test_serve_without_the_extra_exits_2_saying_how_to_install_it():
     proc = run_without_extra("--port", "0")
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and 'pip install "inferno[serve]"' in lines[0], proc.stderr
+    assert len(lines) == 1 and 'pip install "inferno-gpt2[serve]"' in lines[0], proc.stderr
     assert "fastapi" in lines[0] and "Traceback" not in proc.stderr
 
 

@@ -63,6 +63,7 @@ def check_stream(text: str) -> None:
 # ("'Function' object has no attribute '_nodeid'"): drive its Hypothesis strategies directly instead.
 @pytest.mark.parametrize("method, path, examples, mode", OPERATIONS,
                          ids=[f"{m} {p} {mode}" for m, p, _, mode in OPERATIONS])
+@pytest.mark.slow
 def test_api_conforms_to_its_schema(api_schema, server, method, path, examples, mode):
     operation = api_schema[path][method]
 

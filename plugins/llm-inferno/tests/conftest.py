@@ -4,7 +4,6 @@ folder in a temporary directory for every test (its logs database, aliases and d
 from __future__ import annotations
 
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,11 +12,7 @@ REPO = Path(__file__).resolve().parents[3]
 # This plugin lives in inferno's repository; a plugin elsewhere would ship its own tokenizer.json.
 TOKENIZER_JSON = REPO / "gpt2" / "tokenizer.json"
 
-try:  # the one random GPT-2 maker, in the package
-    from inferno.testing import make_model_dir, small_config
-except ImportError:  # an inferno from before it moved there: the repository's test helper
-    sys.path.insert(0, str(REPO / "tests"))
-    from random_gpt2 import make_model_dir, small_config
+from inferno.testing import make_model_dir, small_config  # noqa: E402 - the one random GPT-2 maker
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-/* inferno-half's compiled kernels: matrix products with 16-bit weights and float32 everything else.
+/* inferno-gpt2-half's compiled kernels: matrix products with 16-bit weights and float32 everything else.
 
    y[m, j] = b[j] + sum_k x[m, k] * w[j, k]      x: float32 [M, K], w: 16-bit [N, K] (row j = output j),
                                                   b: float32 [N] or NULL, y: float32 [M, N]
@@ -707,7 +707,7 @@ static PyMethodDef functions[] = {
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernels",
-                                    "inferno-half's C kernels (see the comment at the top of _kernels.c).", -1,
+                                    "inferno-gpt2-half's C kernels (see the comment at the top of _kernels.c).", -1,
                                     functions, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__kernels(void) { return PyModule_Create(&module); }

@@ -1,4 +1,4 @@
-"""Shared fixtures: a small random GPT-2 on disk (with the real GPT-2 tokenizer), as inferno-torch has.
+"""Shared fixtures: a small random GPT-2 on disk (with the real GPT-2 tokenizer), as inferno-gpt2-torch has.
 
 The model is random but has GPT-2's vocabulary, so text prompts work end to end; it is small enough that
 both backends run it in milliseconds.

@@ -1,4 +1,4 @@
-"""Builds the C kernels with this machine's compiler at install (`pip install plugins/inferno-half`).
+"""Builds the C kernels with this machine's compiler at install (`pip install plugins/inferno-gpt2-half`).
 
 The extension is optional: where it does not build (no compiler, no OpenMP), the package installs
 anyway and the backend runs its NumPy fallback. OpenMP is tried first, then plain C (one thread).
@@ -20,13 +20,13 @@ class BuildWithFallback(build_ext):
             super().build_extension(ext)
             return
         except Exception as exc:  # noqa: BLE001 - any compiler failure: retry without OpenMP
-            print(f"inferno-half: building with OpenMP failed ({exc}); trying without", file=sys.stderr)
+            print(f"inferno-gpt2-half: building with OpenMP failed ({exc}); trying without", file=sys.stderr)
         ext.extra_compile_args = [a for a in ext.extra_compile_args if a not in OPENMP]
         ext.extra_link_args = [a for a in ext.extra_link_args if a not in OPENMP]
         try:
             super().build_extension(ext)
         except Exception as exc:  # noqa: BLE001
-            print(f"inferno-half: the C kernels did not build ({exc}); the NumPy fallback will run",
+            print(f"inferno-gpt2-half: the C kernels did not build ({exc}); the NumPy fallback will run",
                   file=sys.stderr)
 
 

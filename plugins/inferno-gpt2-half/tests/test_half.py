@@ -1,4 +1,4 @@
-"""inferno-half: the 16-bit formats, the compiled kernel against its NumPy fallback and a float64
+"""inferno-gpt2-half: the 16-bit formats, the compiled kernel against its NumPy fallback and a float64
 reference, options, and generation against `numpy` (the conformance suite runs separately:
 ``pytest --pyargs inferno.conformance --backend half``)."""
 

@@ -1,8 +1,8 @@
-"""inferno-torch: a PyTorch compute backend for inferno, shipped as a separate distribution.
+"""inferno-gpt2-torch: a PyTorch compute backend for inferno, shipped as a separate distribution.
 
 Installing it registers the backend ``torch`` (entry-point group ``inferno.backends``)::
 
-    pip install -e plugins/inferno-torch
+    pip install -e plugins/inferno-gpt2-torch
     inferno --backend torch "Hello"
     pytest --pyargs inferno.conformance --backend torch
 

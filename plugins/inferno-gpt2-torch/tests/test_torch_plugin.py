@@ -37,8 +37,8 @@ def test_discovered_through_the_entry_point(run_python):
     proc = run_python(["-m", "inferno", "backends", "--json"])
     assert proc.returncode == 0, proc.stderr
     infos = {i["name"]: i for i in json.loads(proc.stdout)}
-    assert infos["torch"]["origin"] == "inferno-torch"
-    assert infos["torch"]["version"] == importlib.metadata.version("inferno-torch")
+    assert infos["torch"]["origin"] == "inferno-gpt2-torch"
+    assert infos["torch"]["version"] == importlib.metadata.version("inferno-gpt2-torch")
     assert infos["torch"]["status"] == "ok"
     assert infos["numpy"]["status"] == "ok"
 
