@@ -43,5 +43,6 @@ def test_no_message_or_doc_names_a_distribution_that_is_not_ours():
         paths += [p for p in (ROOT / folder).rglob("*") if p.suffix in {".py", ".md", ".toml", ".c", ".yaml"}
                   and "egg-info" not in str(p)]
     found = [f"{p.relative_to(ROOT)}:{n}: {line.strip()}" for p in paths
-             for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1) if TAKEN_NAMES.search(line)]
+             for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1)
+             if TAKEN_NAMES.search(line)]
     assert not found, "\n".join(found)

@@ -132,7 +132,8 @@ def run(argv: Sequence[str]) -> int:
     args = _parser().parse_args(list(argv))
     missing = _missing_extra()
     if missing:
-        return _fail(f'the server needs the serve extra (missing: {missing}): pip install "inferno-gpt2[serve]"')
+        return _fail(f"the server needs the serve extra (missing: {missing}): "
+                     'pip install "inferno-gpt2[serve]"')
 
     from inferno.backends.registry import BackendOptionError, BackendUnavailableError, UnknownBackendError
 
