@@ -320,37 +320,6 @@ def test_serve_without_fastapi_says_how_to_install_it(env):
 # ------------------------------------------------------------------------------------- 4, 6. README
 
 
-def _section(title: str) -> str:
-    start = README.index(f"\n## {title}\n")
-    return README[start:README.index("\n## ", start + 1)]
-
-
-def test_readme_synopsis_and_flags():
-    cli = _section("Command line")
-    for flag in ("--version", "-f FILE", "-n N", "-m DIR", "-t T", "-s S", "-b NAME", "-j"):
-        assert flag in cli, flag
-    assert 'pip install "inferno-gpt2[hub]"' in README
-
-
-def test_readme_installs_the_cpu_torch_before_the_plugin():
-    cpu = 'pip install "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu'
-    assert cpu in README
-    assert README.index(cpu) < README.index("pip install -e plugins/inferno-gpt2-torch")
-
-
-def test_readme_tokenizer_snippet_runs(monkeypatch):
-    block = re.search(r"## Tokenizer\n.*?```python\n(.+?)```", README, re.S).group(1)
-    assert block.startswith("import inferno\n")
-    monkeypatch.chdir(ROOT)
-    exec(compile(block, "README.md", "exec"), {})
-
-
-def test_readme_says_what_ci_runs_of_the_heavy_tests():
-    ci = (ROOT / ".ci" / "run").read_text()
-    assert "\npython -m pytest -q -m heavy\n" in ci
-    assert "`.ci/run` runs them too" in README and "then the `heavy` tests" in README
-
-
 # ------------------------------------------------------------- 7. random weights that sample visibly
 
 

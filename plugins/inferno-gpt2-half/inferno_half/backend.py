@@ -310,7 +310,7 @@ class HalfBackend(NumpyBackend):
 
     def _pool(self) -> ThreadPoolExecutor:
         if self._workers is None:
-            self._workers = ThreadPoolExecutor(self.threads, thread_name_prefix="inferno-half")
+            self._workers = ThreadPoolExecutor(self.threads, thread_name_prefix="inferno_half")
         return self._workers
 
     def close(self) -> None:
