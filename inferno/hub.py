@@ -210,10 +210,12 @@ def shipped_gpt2_file(name: str) -> Path:
                             reason="the copy that ships with inferno is missing (a broken install?)")
 
 
-def _files_in(directory: Path, spec_id: str) -> tuple[ModelFiles | None, list[str]]:
-    """The model files in one folder, or None and what is missing (is_file follows links: a cache link
-    to a deleted blob counts as missing)."""
-    have = {n for n in _ALL_FILES if (directory / n).is_file()}
+def _files_in(directory: Path, spec_id: str, cache: bool = True) -> tuple[ModelFiles | None, list[str]]:
+    """The model files in one folder, or None and what is missing. In the cache, a link to a deleted
+    blob counts as missing (it is fetched again); in a user's folder, whatever is there is the user's
+    (a FIFO, a dangling link: the loaders then say what is wrong with it)."""
+    there = Path.is_file if cache else os.path.lexists
+    have = {n for n in _ALL_FILES if there(directory / n)}
     missing = [n for n in ("config.json", "model.safetensors") if n not in have]
     if "tokenizer.json" not in have and not set(_BPE_FILES) <= have:
         missing.append("tokenizer.json")
@@ -248,7 +250,7 @@ def _folder_files(spec: ModelSpec) -> ModelFiles:
     if not path.is_dir():
         raise NotADirectoryError(f"model folder {path} is a file; expected a folder holding "
                                  f"{', '.join(REQUIRED_FILES)}")
-    files, missing = _files_in(path, spec.id)
+    files, missing = _files_in(path, spec.id, cache=False)
     if files is None:
         raise ModelFilesMissing(missing, [path], spec=spec)
     return files

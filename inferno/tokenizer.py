@@ -131,16 +131,16 @@ def _is_pair(obj: object) -> bool:
     return isinstance(obj, (list, tuple)) and len(obj) == 2 and all(isinstance(p, str) for p in obj)
 
 
-def _read_bytes(path: str | os.PathLike[str], source: str) -> bytes:
+def _read_bytes(path: str | os.PathLike[str], source: str, what: str) -> bytes:
     try:
         # A regular file of bounded size: a FIFO or a link to /dev/zero must not hang or fill memory.
-        return read_regular_file(path, MAX_TOKENIZER_BYTES, f"a {os.path.basename(source)}")
+        return read_regular_file(path, MAX_TOKENIZER_BYTES, what)
     except (NotARegularFileError, FileTooLargeError) as exc:
         raise TokenizerError(f"{source}: {exc.strerror}") from None
 
 
-def _read_json(path: str | os.PathLike[str], source: str) -> Any:
-    data = _read_bytes(path, source)
+def _read_json(path: str | os.PathLike[str], source: str, what: str = "a tokenizer.json") -> Any:
+    data = _read_bytes(path, source, what)
     try:
         return json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -152,8 +152,8 @@ def _read_json(path: str | os.PathLike[str], source: str) -> Any:
         raise TokenizerError(f"{source}: not a usable JSON file ({reason})") from None
 
 
-def _read_text(path: str | os.PathLike[str], source: str) -> str:
-    data = _read_bytes(path, source)
+def _read_text(path: str | os.PathLike[str], source: str, what: str) -> str:
+    data = _read_bytes(path, source, what)
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -366,12 +366,12 @@ class Tokenizer:
         a line, by priority, after an optional ``#version`` line), for repos without a tokenizer.json.
         ``<|endoftext|>``, when the vocabulary has it, is the special token, as in GPT-2's tokenizer.json."""
         vocab_source, merges_source = os.fspath(vocab_path), os.fspath(merges_path)
-        vocab = _read_json(vocab_path, vocab_source)
+        vocab = _read_json(vocab_path, vocab_source, "a vocab.json")
         if not isinstance(vocab, dict) or not vocab:
             raise TokenizerError(f"{vocab_source}: expected a JSON object of token to id, found "
                                  f"{type(vocab).__name__ if vocab else 'an empty one'}")
         merges = []
-        for n, line in enumerate(_read_text(merges_path, merges_source).split("\n"), 1):
+        for n, line in enumerate(_read_text(merges_path, merges_source, "a merges.txt").split("\n"), 1):
             line = line.removesuffix("\r")
             if (n == 1 and line.startswith("#version")) or not line.strip():
                 continue  # the header, and blank lines (the file ends with one)
