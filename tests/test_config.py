@@ -135,8 +135,8 @@ def test_every_problem_reported_at_once():
     e = error_for(bad)
     message = str(e)
     assert len(e.problems) == 6, e.problems
-    for key in ("vocab_size", "n_positions", "n_layer", "n_head", "layer_norm_epsilon", "activation_function"):
-        assert key in message
+    keys = ("vocab_size", "n_positions", "n_layer", "n_head", "layer_norm_epsilon", "activation_function")
+    assert all(key in message for key in keys), message
 
 
 # A real config of each kind, trimmed to what matters: another architecture is one line naming the field,
