@@ -1,7 +1,7 @@
 """The Python API: `inferno.load()` and the `Pipeline` it returns.
 
     import inferno
-    model = inferno.load()                      # ./gpt2, the HF cache, or a download
+    model = inferno.load()                      # gpt2 from the HF cache (downloaded once); or "random"
     print(model.generate("The quick brown fox", max_new_tokens=20).text)
     for piece in model.stream("Once upon a time", max_new_tokens=50, temperature=0.8, top_k=40, seed=1):
         print(piece, end="", flush=True)
@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from pathlib import Path
 
 import numpy as np
 
@@ -30,7 +29,6 @@ from inferno.generate import (
     generate_tokens,
     token_ids,
 )
-from inferno.hub import resolve_model_dir
 from inferno.model import Gpt2
 from inferno.options import GenerationOptions, OptionError
 from inferno.scoring import ScoreResult, score_ids
@@ -183,33 +181,43 @@ class Pipeline:
 
 
 def load(
-    model_dir: str | os.PathLike | None = None,
+    model: str | os.PathLike | None = None,
     backend: str | Backend | None = None,
     *,
     download: bool = True,
 ) -> Pipeline:
-    """Load GPT-2 from `model_dir` (else ./gpt2, the Hugging Face cache, or a download).
+    """Load a GPT-2 model by name: a local folder, a Hub repo id (``openai-community/gpt2-large``,
+    ``user/fine-tune@revision``), a short name (``gpt2``, the default; ``gpt2-medium``, ``gpt2-large``,
+    ``gpt2-xl``, ``distilgpt2``) or ``random`` / ``random:tiny`` (random weights built in memory, no
+    download). Hub models come from the Hugging Face cache, downloaded there once (see `inferno.hub`).
 
     `backend` is a registered name (default: $INFERNO_BACKEND, else "numpy"), optionally with
     options as ``"name:key=value,..."``, or a `Backend` instance.
     """
-    if model_dir is not None and not isinstance(model_dir, (str, os.PathLike)):
-        raise TypeError(f"model_dir must be a path (str or os.PathLike) or None, not "
-                        f"{type(model_dir).__name__}")
-    if model_dir is not None and os.fspath(model_dir) == "":
-        # Path("") is the current directory: never load from, or download into, wherever this runs.
-        raise FileNotFoundError("model_dir '' is an empty path: give a folder, or None to use ./gpt2, the "
-                                "Hugging Face cache or a download")
+    from inferno.hub import parse_model_name, resolve_model, shipped_gpt2_file
+
     if backend is not None and not isinstance(backend, (str, Backend)):
         raise TypeError(f"backend must be a name such as 'numpy' (optionally 'name:key=value,...'), a "
                         f"Backend instance or None, not {type(backend).__name__} ({backend!r:.40})")
     if not isinstance(download, bool):
         raise TypeError(f"download must be True or False, not {type(download).__name__}")
+    spec = parse_model_name(model)
     be = backend if isinstance(backend, Backend) else get_backend(backend)
-    directory = resolve_model_dir(model_dir, download=download)
-    config = Gpt2Config.from_file(Path(directory) / "config.json")
-    tokenizer = Tokenizer.from_file(Path(directory) / "tokenizer.json")
+    if spec.kind == "random":
+        from inferno.testing import random_weights
+
+        config = spec.random_config
+        tokenizer = Tokenizer.from_file(shipped_gpt2_file("tokenizer.json"))
+        weights = random_weights(config, seed=0)
+        # Each host array is let go once converted: the backend's copy and the float32 one never all coexist.
+        model = Gpt2.from_weights(config, ((n, weights.pop(n)) for n in list(weights)), be)
+        return Pipeline(model, tokenizer)
+    files = resolve_model(spec.name if spec.kind != "folder" else spec.path, download=download)
+    config = Gpt2Config.from_file(files.config)
+    if files.tokenizer is not None:
+        tokenizer = Tokenizer.from_file(files.tokenizer)
+    else:
+        tokenizer = Tokenizer.from_vocab_merges(files.vocab, files.merges)
     # One tensor at a time: a backend that converts the weights (16-bit) never holds all the float32 ones.
-    model = Gpt2.from_weights(config, iter_weights(Path(directory) / "model.safetensors", config,
-                                                   be.weight_order), be)
+    model = Gpt2.from_weights(config, iter_weights(files.weights, config, be.weight_order), be)
     return Pipeline(model, tokenizer)

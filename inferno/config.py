@@ -275,6 +275,9 @@ class Gpt2Config:
         """
         if not isinstance(d, dict):
             raise ConfigError(source, [f"expected a JSON object, found {type(d).__name__}"])
+        other = _other_architecture(d)
+        if other:  # one line naming the field, not every GPT-2 key the other model lacks
+            raise ConfigError(source, [other])
 
         problems: list[str] = []
         missing = [k for k in _REQUIRED_SIZES if k not in d]
@@ -341,12 +344,31 @@ def parse_json(text: str | bytes, source: str, error: Any) -> Any:
         raise error(source, [f"not usable JSON: {reason}"]) from None
 
 
+#: The transformers classes whose checkpoints hold GPT-2's language model (GPT2Model: without a head; GPT-2
+#: ties it to wte anyway).
+GPT2_ARCHITECTURES = ("GPT2LMHeadModel", "GPT2Model")
+
+
+def _other_architecture(d: dict[str, Any]) -> str | None:
+    """Why a config is some other kind of model than GPT-2's language model (`model_type`, then
+    `architectures`), or None."""
+    model_type = d.get("model_type")
+    if model_type is not None and model_type != "gpt2":
+        return f"'model_type' is {_show(model_type)}: inferno runs GPT-2 models only (model_type 'gpt2')"
+    arch = d.get("architectures")
+    if arch is not None:
+        if not (isinstance(arch, list) and all(isinstance(a, str) for a in arch)):
+            return f"'architectures' must be a list of class names, found {_describe(arch)}"
+        others = [a for a in arch if a not in GPT2_ARCHITECTURES]
+        if others:
+            return (f"'architectures' is {_show(arch)}: inferno runs GPT-2's language model only "
+                    f"({' or '.join(GPT2_ARCHITECTURES)})")
+    return None
+
+
 def _unsupported_architecture(d: dict[str, Any]) -> list[str]:
     """Keys that transformers honours and that would make this model something other than GPT-2."""
     problems = []
-    model_type = d.get("model_type")
-    if model_type is not None and model_type != "gpt2":
-        problems.append(f"'model_type' must be 'gpt2', found {_show(model_type)}")
     n_inner = d.get("n_inner")
     n_embd = d.get("n_embd")
     # Only comparable with a valid n_embd; a bad n_embd is reported on its own.

@@ -131,6 +131,35 @@ def _is_pair(obj: object) -> bool:
     return isinstance(obj, (list, tuple)) and len(obj) == 2 and all(isinstance(p, str) for p in obj)
 
 
+def _read_bytes(path: str | os.PathLike[str], source: str, what: str) -> bytes:
+    try:
+        # A regular file of bounded size: a FIFO or a link to /dev/zero must not hang or fill memory.
+        return read_regular_file(path, MAX_TOKENIZER_BYTES, what)
+    except (NotARegularFileError, FileTooLargeError) as exc:
+        raise TokenizerError(f"{source}: {exc.strerror}") from None
+
+
+def _read_json(path: str | os.PathLike[str], source: str, what: str = "a tokenizer.json") -> Any:
+    data = _read_bytes(path, source, what)
+    try:
+        return json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise TokenizerError(f"{source}: not a valid JSON file ({exc})") from None
+    except RecursionError:
+        raise TokenizerError(f"{source}: not a usable JSON file (nested too deeply)") from None
+    except ValueError as exc:  # an integer literal longer than sys.get_int_max_str_digits()
+        reason = str(exc).split(";")[0].split(":")[0]
+        raise TokenizerError(f"{source}: not a usable JSON file ({reason})") from None
+
+
+def _read_text(path: str | os.PathLike[str], source: str, what: str) -> str:
+    data = _read_bytes(path, source, what)
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise TokenizerError(f"{source}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+
+
 class _PieceCache(dict):
     """piece of text -> tuple of ids. Pre-filled with every token whose bytes are valid UTF-8;
     ``__missing__`` runs BPE on anything else and remembers the answer (up to a size cap).
@@ -328,21 +357,31 @@ class Tokenizer:
     def from_file(cls, path: str | os.PathLike[str]) -> Tokenizer:
         """Load a Hugging Face ``tokenizer.json`` holding a byte-level BPE model (such as GPT-2's)."""
         source = os.fspath(path)
-        try:
-            # A regular file of bounded size: a FIFO or a link to /dev/zero must not hang or fill memory.
-            data = read_regular_file(path, MAX_TOKENIZER_BYTES, "a tokenizer.json")
-        except (NotARegularFileError, FileTooLargeError) as exc:
-            raise TokenizerError(f"{source}: {exc.strerror}") from None
-        try:
-            obj = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise TokenizerError(f"{source}: not a valid JSON file ({exc})") from None
-        except RecursionError:
-            raise TokenizerError(f"{source}: not a usable JSON file (nested too deeply)") from None
-        except ValueError as exc:  # an integer literal longer than sys.get_int_max_str_digits()
-            reason = str(exc).split(";")[0].split(":")[0]
-            raise TokenizerError(f"{source}: not a usable JSON file ({reason})") from None
-        return cls.from_dict(obj, source=source)
+        return cls.from_dict(_read_json(path, source), source=source)
+
+    @classmethod
+    def from_vocab_merges(cls, vocab_path: str | os.PathLike[str], merges_path: str | os.PathLike[str]
+                          ) -> Tokenizer:
+        """Load the older pair of files, ``vocab.json`` (token → id) and ``merges.txt`` (one ``a b`` merge
+        a line, by priority, after an optional ``#version`` line), for repos without a tokenizer.json.
+        ``<|endoftext|>``, when the vocabulary has it, is the special token, as in GPT-2's tokenizer.json."""
+        vocab_source, merges_source = os.fspath(vocab_path), os.fspath(merges_path)
+        vocab = _read_json(vocab_path, vocab_source, "a vocab.json")
+        if not isinstance(vocab, dict) or not vocab:
+            raise TokenizerError(f"{vocab_source}: expected a JSON object of token to id, found "
+                                 f"{type(vocab).__name__ if vocab else 'an empty one'}")
+        merges = []
+        for n, line in enumerate(_read_text(merges_path, merges_source, "a merges.txt").split("\n"), 1):
+            line = line.removesuffix("\r")
+            if (n == 1 and line.startswith("#version")) or not line.strip():
+                continue  # the header, and blank lines (the file ends with one)
+            if len(line.split(" ")) != 2:
+                raise TokenizerError(f"{merges_source}: line {n} is not two tokens separated by a space: "
+                                     f"{_short(line)}")
+            merges.append(line)
+        eos = "<|endoftext|>"
+        special = {eos: vocab[eos]} if eos in vocab else {}
+        return cls(vocab, merges, special, source=f"{vocab_source} + {os.path.basename(merges_source)}")
 
     @classmethod
     def from_dict(cls, obj: Any, *, source: str = "<tokenizer.json>") -> Tokenizer:

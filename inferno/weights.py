@@ -70,6 +70,9 @@ _COMPARE_CHUNK_BYTES = 4 << 20
 # Chunk size for reading a tensor into Fortran order (the transposing copy is fastest around 1 MiB: the
 # 124M weights of the numpy backend load in ~200 ms with 1 MiB chunks, ~245 ms with 4 MiB, ~110 ms as C).
 _TRANSPOSE_CHUNK_BYTES = 1 << 20
+# Pieces a row-major float32 tensor is read in, each summed while still in the CPU's cache (the NaN/Inf
+# check; see _read_tensor).
+_READ_CHUNK_BYTES = 1 << 20
 # Elements per slice of the non-finite check. Measured on the 124M shape (inferno.bench.random_weights,
 # numpy's Fortran-order layout, 2 cores, medians of 5): 20 ms for all 124M parameters in slices of 64k
 # elements, against 23 ms for one np.isfinite(a).all() per tensor (which also allocates a temporary as
@@ -321,7 +324,7 @@ def _file_layers(header: SafetensorsHeader) -> int:
     return top + 1
 
 
-def _plan(header: SafetensorsHeader, config: Gpt2Config) -> tuple[dict[str, TensorInfo], list[str]]:
+def plan_tensors(header: SafetensorsHeader, config: Gpt2Config) -> tuple[dict[str, TensorInfo], list[str]]:
     """Map canonical names to header entries and collect every mismatch with the config."""
     # Layers past the file's last one are all missing: they are counted, not listed, so that nothing is
     # built in proportion to a config's n_layer the file does not back (expected_shapes builds 12 entries
@@ -369,8 +372,10 @@ def _plan(header: SafetensorsHeader, config: Gpt2Config) -> tuple[dict[str, Tens
     return chosen, problems
 
 
-def _readinto(f: BinaryIO, buf: np.ndarray, info: TensorInfo, path: str | os.PathLike[str]) -> None:
-    f.seek(info.start)
+def _readinto(f: BinaryIO, buf: np.ndarray, info: TensorInfo, path: str | os.PathLike[str],
+              seek: bool = True) -> None:
+    if seek:
+        f.seek(info.start)
     view = memoryview(buf).cast("B")
     done = 0
     while done < len(view):
@@ -382,10 +387,10 @@ def _readinto(f: BinaryIO, buf: np.ndarray, info: TensorInfo, path: str | os.Pat
         done += n
 
 
-def _read_tensor(f: BinaryIO, info: TensorInfo, path: str | os.PathLike[str], order: str = "C") -> np.ndarray:
+def _read_plain(f: BinaryIO, info: TensorInfo, path: str | os.PathLike[str], order: str = "C") -> np.ndarray:
     """Read one tensor as a float32 array in `order` ("C" or "F"; a single allocation for F32 C)."""
     if order == "F" and len(info.shape) == 2:
-        return _read_transposed(f, info, path)
+        return _read_transposed(f, info, path)[0]  # not called so (a transposed tensor is read checked)
     if info.dtype == "F32":
         out = np.empty(info.shape, dtype="<f4")
         _readinto(f, out, info, path)
@@ -405,13 +410,47 @@ def _read_tensor(f: BinaryIO, info: TensorInfo, path: str | os.PathLike[str], or
     return out
 
 
-def _read_transposed(f: BinaryIO, info: TensorInfo, path: str | os.PathLike[str]) -> np.ndarray:
+def _read_tensor(f: BinaryIO, info: TensorInfo, path: str | os.PathLike[str], order: str = "C"
+                 ) -> tuple[np.ndarray, bool]:
+    """One tensor as a float32 array in `order` (see `_read_plain`), and whether every value is sure to be
+    finite (False: count them, see `_count_nonfinite`). The check sums each piece right after reading it,
+    while it is in the CPU's cache, so it costs next to nothing: a float sum is finite only if every term
+    is (NaN and Inf propagate; a sum that overflows is a false alarm the count then clears)."""
+    if order == "F" and len(info.shape) == 2:
+        return _read_transposed(f, info, path)
+    with np.errstate(over="ignore", invalid="ignore"):
+        if info.dtype != "F32" or np.dtype("<f4") != np.float32:
+            out = _read_plain(f, info, path)
+            return out, _sums_finite(out)
+        out = np.empty(info.shape, dtype=np.float32)
+        flat = out.reshape(-1)
+        f.seek(info.start)
+        finite = True
+        step = _READ_CHUNK_BYTES // 4
+        for e0 in range(0, flat.size, step):
+            piece = flat[e0 : e0 + step]
+            _readinto(f, piece, info, path, seek=False)
+            finite = finite and _sums_finite(piece)
+        return out, finite
+
+
+def _sums_finite(a: np.ndarray) -> bool:
+    """Called under np.errstate(over="ignore", invalid="ignore"): an overflow is an answer here."""
+    return bool(np.isfinite(np.add.reduce(a, axis=None)))
+
+
+def _read_transposed(f: BinaryIO, info: TensorInfo, path: str | os.PathLike[str]) -> tuple[np.ndarray, bool]:
     """Read a 2-D tensor into a Fortran-order float32 array, a few rows at a time: the transposed copy
-    is made chunk by chunk, so the process never holds the tensor twice."""
+    is made chunk by chunk, so the process never holds the tensor twice. Also whether its values are
+    sure to be finite (see `_read_tensor`)."""
     out = np.empty(info.shape, dtype=np.float32, order="F")
-    for r0, part in _row_parts(info, _TRANSPOSE_CHUNK_BYTES):
-        out[r0 : r0 + part.shape[0]] = _read_tensor(f, part, path)
-    return out
+    finite = True
+    with np.errstate(over="ignore", invalid="ignore"):
+        for r0, part in _row_parts(info, _TRANSPOSE_CHUNK_BYTES):
+            rows = _read_plain(f, part, path)
+            finite = finite and _sums_finite(rows)
+            out[r0 : r0 + part.shape[0]] = rows
+    return out, finite
 
 
 def _row_parts(info: TensorInfo, chunk_bytes: int) -> Iterator[tuple[int, TensorInfo]]:
@@ -498,16 +537,17 @@ def _swap_bytes() -> int:
 
 
 def _read_all(f: BinaryIO, path: str | os.PathLike[str], chosen: dict[str, TensorInfo],
-              lm_head: TensorInfo | None, orders: dict[str, str]) -> Iterator[tuple[str, np.ndarray]]:
-    """(name, float32 array) of every tensor kept: the largest first (`wte`: a consumer that converts
-    each array as it comes then peaks at the largest one plus what it converted), then in file order,
-    so the reads are sequential; a separate `lm_head.weight` last, only when it differs from `wte`."""
+              lm_head: TensorInfo | None, orders: dict[str, str]) -> Iterator[tuple[str, np.ndarray, bool]]:
+    """(name, float32 array, sure to be finite) of every tensor kept: the largest first (`wte`: a consumer
+    that converts each array as it comes then peaks at the largest one plus what it converted), then in
+    file order, so the reads are sequential; a separate `lm_head.weight` last, only when it differs from
+    `wte`."""
     largest = max(chosen, key=lambda n: math.prod(chosen[n].shape))
     rest = sorted((n for n in chosen if n != largest), key=lambda n: chosen[n].start)
     for name in (largest, *rest):
-        yield name, _read_tensor(f, chosen[name], path, orders[name])
+        yield name, *_read_tensor(f, chosen[name], path, orders[name])
     if lm_head is not None and not _same_tensors(f, lm_head, chosen["wte.weight"], path):
-        yield _LM_HEAD, _read_tensor(f, lm_head, path, orders[_LM_HEAD])
+        yield _LM_HEAD, *_read_tensor(f, lm_head, path, orders[_LM_HEAD])
 
 
 def _same_tensors(f: BinaryIO, a: TensorInfo, b: TensorInfo, path: str | os.PathLike[str]) -> bool:
@@ -516,7 +556,7 @@ def _same_tensors(f: BinaryIO, a: TensorInfo, b: TensorInfo, path: str | os.Path
     parts_a = _row_parts(a, rows * _DTYPE_SIZES[a.dtype] * math.prod(a.shape[1:]))
     parts_b = _row_parts(b, rows * _DTYPE_SIZES[b.dtype] * math.prod(b.shape[1:]))
     for (_, part_a), (_, part_b) in zip(parts_a, parts_b, strict=True):
-        if not np.array_equal(_read_tensor(f, part_a, path), _read_tensor(f, part_b, path)):
+        if not np.array_equal(_read_plain(f, part_a, path), _read_plain(f, part_b, path)):
             return False
     return True
 
@@ -551,15 +591,16 @@ def load_weights(
     check costs ~20 ms at the 124M shape; see _FINITE_CHUNK). A bad `order` is a :class:`WeightOrderError`.
     """
     read = list(_stream(path, config, order, check_each=False))
-    file_names = {name: file_name for name, file_name, _ in read}
-    weights = {name: a for name, _, a in read}
+    file_names = {name: file_name for name, file_name, _, _ in read}
+    weights = {name: a for name, _, a, _ in read}
+    suspect = {name for name, _, _, finite in read if not finite}
     del read
     # Canonical order (embeddings, blocks, final norm) reads better when inspected.
     rank = {name: i for i, name in enumerate(expected_shapes(config))}
     weights = {name: weights[name] for name in sorted(weights, key=lambda n: rank.get(n, len(rank)))}
     # NaN or Inf anywhere gives garbage text on every backend: refuse it, naming each tensor and the count.
     nonfinite = [_nonfinite(file_names[name], a, bad)
-                 for name, a in weights.items() if (bad := _count_nonfinite(a))]
+                 for name, a in weights.items() if name in suspect and (bad := _count_nonfinite(a))]
     if nonfinite:
         raise WeightsError(path, nonfinite)
     return weights
@@ -572,7 +613,7 @@ def iter_weights(
     first, so that a caller that converts each array as it arrives (a backend with 16-bit weights)
     never holds the float32 weights all at once. Every check on the header runs before the first
     pair; a tensor with NaN or Inf raises `WeightsError` when it is reached, naming it."""
-    for name, _, a in _stream(path, config, order, check_each=True):
+    for name, _, a, _ in _stream(path, config, order, check_each=True):
         yield name, a
 
 
@@ -581,13 +622,14 @@ def _nonfinite(name: str, a: np.ndarray, bad: int) -> str:
 
 
 def _stream(path: str | os.PathLike[str], config: Gpt2Config, order: Callable[[str], str] | None,
-            check_each: bool) -> Iterator[tuple[str, str, np.ndarray]]:
-    """(canonical name, name in the file, array) of every tensor, after every check on the header."""
+            check_each: bool) -> Iterator[tuple[str, str, np.ndarray, bool]]:
+    """(canonical name, name in the file, array, sure to be finite) of every tensor, after every check on
+    the header; with `check_each`, a tensor with NaN or Inf raises when it is reached."""
     if not isinstance(config, Gpt2Config):
         raise TypeError(f"config must be a Gpt2Config, not {type(config).__name__}")
     with _open(path) as f:
         header = _parse_header(f, path, os.fstat(f.fileno()).st_size)
-        chosen, problems = _plan(header, config)
+        chosen, problems = plan_tensors(header, config)
         if problems:
             raise WeightsError(path, problems)
 
@@ -598,10 +640,10 @@ def _stream(path: str | os.PathLike[str], config: Gpt2Config, order: Callable[[s
         _check_memory(path, need)
         names = {name: info.name for name, info in (*chosen.items(), (_LM_HEAD, lm_head)) if info}
         try:
-            for name, a in _read_all(f, path, chosen, lm_head, orders):
-                if check_each and (bad := _count_nonfinite(a)):
+            for name, a, finite in _read_all(f, path, chosen, lm_head, orders):
+                if check_each and not finite and (bad := _count_nonfinite(a)):
                     raise WeightsError(path, [_nonfinite(names[name], a, bad)])
-                yield name, names[name], a
+                yield name, names[name], a, finite
         except MemoryError:
             limit = _memory_limit()
             here = f" ({_size(limit)} of memory here)" if limit else ""

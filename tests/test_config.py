@@ -130,14 +130,37 @@ def test_every_problem_reported_at_once():
         "n_head": 5,
         "layer_norm_epsilon": float("nan"),
         "activation_function": "relu",
-        "model_type": "bert",
+        "model_type": "gpt2",
     }
     e = error_for(bad)
     message = str(e)
-    assert len(e.problems) == 7, e.problems
-    for key in ("vocab_size", "n_positions", "n_layer", "n_head", "layer_norm_epsilon", "activation_function",
-                "model_type"):  # fmt: skip
-        assert key in message
+    assert len(e.problems) == 6, e.problems
+    keys = ("vocab_size", "n_positions", "n_layer", "n_head", "layer_norm_epsilon", "activation_function")
+    assert all(key in message for key in keys), message
+
+
+# A real config of each kind, trimmed to what matters: another architecture is one line naming the field,
+# not a list of every GPT-2 key it lacks.
+LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+         "num_attention_heads": 32, "num_hidden_layers": 32, "vocab_size": 32000}
+GPT2_CLASSIFIER = {**GOOD, "architectures": ["GPT2ForSequenceClassification"], "model_type": "gpt2"}
+
+
+@pytest.mark.parametrize("config, field, value", [
+    (LLAMA, "model_type", "llama"),
+    ({**LLAMA, "model_type": None}, "architectures", "LlamaForCausalLM"),
+    (GPT2_CLASSIFIER, "architectures", "GPT2ForSequenceClassification"),
+    ({**GOOD, "architectures": "GPT2LMHeadModel"}, "architectures", "list"),
+])
+def test_another_architecture_is_one_line_naming_the_field(config, field, value):
+    e = error_for(config)
+    assert len(e.problems) == 1 and "\n" not in str(e), str(e)
+    assert f"'{field}'" in str(e) and value in str(e) and "GPT-2" in str(e)
+
+
+@pytest.mark.parametrize("arch", [["GPT2LMHeadModel"], ["GPT2Model"], None])
+def test_gpt2_architectures_are_accepted(arch):
+    assert Gpt2Config.from_dict({**GOOD, "architectures": arch}).n_layer == GOOD["n_layer"]
 
 
 @pytest.mark.parametrize("value", [[1, 2], "config", 3, None])

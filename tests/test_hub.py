@@ -1,387 +1,463 @@
-"""resolve_model_dir: the search order, the HF cache layout, and downloads against a local fake Hub."""
+"""Model names → files: names, the Hugging Face cache layout, and downloads from a local fake Hub, with
+inferno's own downloader and with huggingface_hub's (the `downloader` fixture runs a test with each)."""
+
+# The fixtures come from fake_hub (imported below), so their names are test arguments too.
+# ruff: noqa: F811
 
 from __future__ import annotations
 
-import http.server
+import hashlib
 import io
 import json
 import os
-import threading
 from pathlib import Path
 
 import pytest
-from safetensors.numpy import save as safetensors_bytes
+from fake_hub import (  # noqa: F401 - fixtures used below
+    COMMIT,
+    COMMIT2,
+    CONFIG,
+    CONTENT,
+    FULL,
+    FakeHub,
+    cache_snapshot,
+    config_json,
+    downloader,
+    env,
+    fake_hub,
+    git_blob_hash,
+    weights_bytes,
+)
 
+import inferno
 import inferno.hub as hub
+from inferno.config import ConfigError
 from inferno.hub import (
-    REQUIRED_FILES,
+    SHORT_NAMES,
+    DownloadVerificationError,
     ModelFilesMissing,
+    ModelNameError,
     find_cached_snapshot,
     hf_cache_dir,
-    resolve_model_dir,
+    model_id,
+    parse_model_name,
+    resolve_model,
 )
-from inferno.testing import hub_layout, random_state_dict, small_config
-from inferno.tokenizer import bytes_to_unicode
+from inferno.tokenizer import Tokenizer
 
-PREFIX = "/openai-community/gpt2/resolve/main/"
-# Valid files, since downloads are verified: a small GPT-2 config, weights that match it (bigger than the
-# 1 MiB read chunk, so streaming and the progress bar take several steps), and a byte-level tokenizer.
-_CONFIG = small_config(vocab_size=4352, n_positions=16, n_embd=64, n_layer=1, n_head=2)
-_BYTES = bytes_to_unicode()
-CONTENT = {
-    "config.json": json.dumps({**{k: getattr(_CONFIG, k) for k in (
-        "vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "bos_token_id", "eos_token_id")},
-        "model_type": "gpt2"}).encode() + b"\n",
-    "model.safetensors": safetensors_bytes(hub_layout(random_state_dict(_CONFIG), _CONFIG)),
-    "tokenizer.json": json.dumps(
-        {"model": {"type": "BPE", "merges": [], "vocab": {c: i for i, c in enumerate(_BYTES.values())}}}
-    ).encode(),
-}
-
-
-class FakeHub:
-    """A local stand-in for huggingface.co serving files under /openai-community/gpt2/resolve/main/."""
-
-    def __init__(self) -> None:
-        self.files = dict(CONTENT)
-        self.requests: list[str] = []
-        self.truncate: set[str] = set()  # send a full Content-Length, then only half the body
-        self.redirect = False  # answer with a 302 to /cdn/<name>, as the real Hub does
-        fake = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - the http.server API
-                fake.requests.append(self.path)
-                if self.path.startswith(PREFIX) and fake.redirect:
-                    self.send_response(302)
-                    self.send_header("Location", "/cdn/" + self.path[len(PREFIX):])
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-                    return
-                name = self.path.split("/")[-1]
-                served = self.path.startswith(PREFIX) or (fake.redirect and self.path.startswith("/cdn/"))
-                if not served or name not in fake.files:
-                    self.send_error(404, "Entry not found")
-                    return
-                body = fake.files[name]
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body[: len(body) // 2] if name in fake.truncate else body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        # A short poll interval keeps shutdown() (and so each test's teardown) quick.
-        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.01,), daemon=True)
-        self.thread.start()
-
-    def names_requested(self) -> list[str]:
-        return [p.split("/")[-1] for p in self.requests if p.startswith(PREFIX)]
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+REPO = "user/fine-tune"
+SHA = {n: hashlib.sha256(d).hexdigest() for n, d in CONTENT.items()}
 
 
 @pytest.fixture
-def env(tmp_path, monkeypatch):
-    """A clean working directory and HF cache; no real network can be reached."""
-    work = tmp_path / "work"
-    work.mkdir()
-    monkeypatch.chdir(work)
-    for var in ("HF_HUB_OFFLINE", "INFERNO_OFFLINE", "HF_HOME", "HUGGINGFACE_HUB_CACHE", "XDG_CACHE_HOME"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
-    # Port 9 (discard) on localhost: nothing listens, so a stray request fails at once.
-    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
-    monkeypatch.setenv("no_proxy", "*")
-    monkeypatch.setenv("NO_PROXY", "*")
-    return work
+def shipped(tmp_path, monkeypatch):
+    """The shipped gpt2 config.json and tokenizer.json, as small files matching the fake Hub's weights."""
+    folder = tmp_path / "shipped"
+    folder.mkdir()
+    for name in ("config.json", "tokenizer.json"):
+        (folder / name).write_bytes(CONTENT[name])
+    monkeypatch.setattr(hub, "shipped_gpt2_file", lambda name: folder / name)
+    return folder
 
 
-@pytest.fixture
-def fake_hub(env, monkeypatch):
-    server = FakeHub()
-    monkeypatch.setenv("HF_ENDPOINT", server.url)
-    yield server
-    server.close()
+def repo_dir(env_cache: Path, repo_id: str) -> Path:
+    return env_cache / ("models--" + repo_id.replace("/", "--"))
 
 
-def fill(directory: Path, names=REQUIRED_FILES, content: dict[str, bytes] = CONTENT) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    for name in names:
-        (directory / name).write_bytes(content[name])
-    return directory
-
-
-def make_cache_snapshot(cache: Path, revision: str = "abc", names=REQUIRED_FILES, refs: bool = True) -> Path:
-    """The huggingface_hub cache layout: blobs, snapshot symlinks to them, refs/main naming the revision."""
-    repo = cache / "models--openai-community--gpt2"
-    snapshot = repo / "snapshots" / revision
-    snapshot.mkdir(parents=True)
-    (repo / "blobs").mkdir(exist_ok=True)
-    for name in names:
-        blob = repo / "blobs" / f"{revision}-{name}"
-        blob.write_bytes(CONTENT[name])
-        (snapshot / name).symlink_to(os.path.relpath(blob, snapshot))
-    if refs:
-        (repo / "refs").mkdir(exist_ok=True)
-        (repo / "refs" / "main").write_text(revision)
-    return snapshot
-
-
-def resolve_error(*args, **kwargs) -> ModelFilesMissing:
+def missing_error(name=None, **kwargs) -> ModelFilesMissing:
     with pytest.raises(ModelFilesMissing) as info:
-        resolve_model_dir(*args, **kwargs)
-    message = str(info.value)
-    assert "\n" not in message
-    # What to run: `hf download` with the names as plain arguments where hf exists, else what to do offline.
-    assert "--include" not in message
-    assert "fetch them with: hf download openai-community/gpt2 " in message or "copy them into" in message
+        resolve_model(name, **kwargs)
+    assert "\n" not in str(info.value)
     return info.value
 
 
-# ------------------------------------------------------------------------------------ search order
+# ------------------------------------------------------------------------------------------- names
 
 
-def test_explicit_dir_with_all_files(env, tmp_path, fake_hub):
-    d = fill(tmp_path / "mine")
-    assert resolve_model_dir(d) == d
-    assert resolve_model_dir(str(d)) == d
+@pytest.mark.parametrize("name, repo, revision", [
+    (None, "openai-community/gpt2", "main"),
+    ("gpt2", "openai-community/gpt2", "main"),
+    ("gpt2-medium", "openai-community/gpt2-medium", "main"),
+    ("gpt2-large", "openai-community/gpt2-large", "main"),
+    ("gpt2-xl", "openai-community/gpt2-xl", "main"),
+    ("distilgpt2", "distilbert/distilgpt2", "main"),
+    ("gpt2@v1.0", "openai-community/gpt2", "v1.0"),
+    ("openai-community/gpt2-large", "openai-community/gpt2-large", "main"),
+    ("distilbert/distilgpt2", "distilbert/distilgpt2", "main"),
+    ("user/fine-tune@" + COMMIT, "user/fine-tune", COMMIT),
+    ("user/fine_tune.v2@refs/pr/1", "user/fine_tune.v2", "refs/pr/1"),
+])
+def test_hub_names(env, name, repo, revision):
+    spec = parse_model_name(name)
+    assert (spec.kind, spec.repo_id, spec.revision) == ("hub", repo, revision)
+    assert spec.id == repo + ("" if revision == "main" else f"@{revision}")
+
+
+def test_short_names_are_the_hub_models_even_with_a_folder_of_that_name(env):
+    (env / "gpt2").mkdir()  # like the project's checkout, which ships gpt2/config.json
+    assert parse_model_name("gpt2").kind == "hub"
+    assert parse_model_name("./gpt2").kind == "folder" and parse_model_name("./gpt2").path == env / "gpt2"
+    assert parse_model_name(Path("gpt2")).kind == "folder"  # a Path is always a folder
+
+
+def test_folders(env, tmp_path):
+    (env / "mine").mkdir()
+    (env / "org" / "name").mkdir(parents=True)
+    assert parse_model_name("mine").path == env / "mine"  # an existing folder, by its bare name
+    assert parse_model_name("org/name").kind == "folder"  # exists here, so not the Hub repo org/name
+    assert parse_model_name(str(tmp_path)).path == tmp_path
+    assert parse_model_name("~/m").path == Path.home() / "m"
+    assert model_id("./mine") == "mine"
+
+
+def test_random_names(env):
+    assert parse_model_name("random").random_config.n_embd == 768
+    tiny = parse_model_name("random:tiny").random_config
+    assert tiny.vocab_size == 50257 and tiny.n_layer < 12
+    assert model_id("random:tiny") == "random:tiny" and model_id("gpt2") == "openai-community/gpt2"
+
+
+@pytest.mark.parametrize("name, needles", [
+    ("gtp2", ["'gtp2'", "did you mean gpt2?", "ORG/NAME"]),
+    ("gpt2-xxl", ["did you mean gpt2-xl?"]),
+    ("random:big", ["random or random:tiny"]),
+    ("", ["empty path"]),
+    ("org/na me", ["is not a folder here"]),
+    ("a/b/c", ["is not a folder here"]),
+    ("org/name@", ["nothing after '@'"]),
+])
+def test_bad_names_are_one_line(env, name, needles):
+    with pytest.raises(ModelNameError) as info:
+        parse_model_name(name)
+    assert "\n" not in str(info.value) and all(n in str(info.value) for n in needles), str(info.value)
+    assert isinstance(info.value, FileNotFoundError) and isinstance(info.value, ValueError)
+
+
+def test_not_a_name_at_all(env):
+    with pytest.raises(TypeError, match="not int"):
+        parse_model_name(123)
+
+
+# ------------------------------------------------------------------------------------------- cache
+
+
+def test_found_in_the_cache_without_a_request(env, tmp_path, fake_hub, downloader):
+    snapshot = cache_snapshot(tmp_path / "cache")
+    files = resolve_model("gpt2")
+    assert files.weights == snapshot / "model.safetensors" and files.config == snapshot / "config.json"
+    assert files.weights.read_bytes() == CONTENT["model.safetensors"] and files.id == "openai-community/gpt2"
     assert fake_hub.requests == []
 
 
-def test_explicit_dir_wins_over_local_gpt2(env, tmp_path):
-    fill(env / "gpt2")
-    d = fill(tmp_path / "mine")
-    assert resolve_model_dir(d) == d
-
-
-def test_local_gpt2_dir(env):
-    fill(env / "gpt2")
-    assert resolve_model_dir() == (env / "gpt2").absolute()
-
-
-def test_hf_cache_snapshot(env, tmp_path):
-    snapshot = make_cache_snapshot(tmp_path / "cache")
-    assert resolve_model_dir() == snapshot
-    assert (resolve_model_dir() / "model.safetensors").read_bytes() == CONTENT["model.safetensors"]
-
-
-def test_local_gpt2_wins_over_cache(env, tmp_path):
-    make_cache_snapshot(tmp_path / "cache")
-    fill(env / "gpt2")
-    assert resolve_model_dir() == (env / "gpt2").absolute()
-
-
-def test_incomplete_local_gpt2_falls_back_to_cache(env, tmp_path):
-    fill(env / "gpt2", ["config.json", "tokenizer.json"])  # like the repo's own gpt2/
-    snapshot = make_cache_snapshot(tmp_path / "cache")
-    assert resolve_model_dir() == snapshot
-
-
-def test_cache_respects_hf_home(env, tmp_path, monkeypatch):
+def test_cache_location(env, tmp_path, monkeypatch):
+    assert hf_cache_dir() == tmp_path / "cache"
     monkeypatch.delenv("HF_HUB_CACHE")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hfhome"))
-    snapshot = make_cache_snapshot(tmp_path / "hfhome" / "hub")
     assert hf_cache_dir() == tmp_path / "hfhome" / "hub"
-    assert resolve_model_dir() == snapshot
-
-
-def test_cache_default_location(env, monkeypatch, tmp_path):
-    monkeypatch.delenv("HF_HUB_CACHE")
+    snapshot = cache_snapshot(tmp_path / "hfhome" / "hub")
+    assert resolve_model(download=False).weights.parent == snapshot
+    monkeypatch.delenv("HF_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert hf_cache_dir() == tmp_path / "home" / ".cache" / "huggingface" / "hub"
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert hf_cache_dir() == tmp_path / "xdg" / "huggingface" / "hub"
 
 
-def test_cache_prefers_refs_main(env, tmp_path):
+def test_revisions_in_the_cache(env, tmp_path):
     cache = tmp_path / "cache"
-    make_cache_snapshot(cache, "old", refs=False)
-    main = make_cache_snapshot(cache, "new")
-    assert find_cached_snapshot(cache) == main
+    main = cache_snapshot(cache, REPO, commit=COMMIT)
+    dev = cache_snapshot(cache, REPO, commit=COMMIT2, ref="dev")
+    assert find_cached_snapshot(REPO, "main") == main
+    assert find_cached_snapshot(REPO, "dev") == dev
+    assert find_cached_snapshot(REPO, COMMIT2) == dev  # a commit is its own snapshot
+    assert find_cached_snapshot(REPO, "v9") is None
+    assert resolve_model(f"{REPO}@dev", download=False).weights.parent == dev
 
 
-def test_cache_without_refs_uses_a_complete_snapshot(env, tmp_path):
+def test_main_without_a_ref_is_the_newest_complete_snapshot(env, tmp_path):
     cache = tmp_path / "cache"
-    make_cache_snapshot(cache, "partial", names=["config.json"], refs=False)
-    full = make_cache_snapshot(cache, "full", refs=False)
-    assert find_cached_snapshot(cache) == full
+    cache_snapshot(cache, commit=COMMIT, ref=None, files={"config.json": CONTENT["config.json"]})
+    full = cache_snapshot(cache, commit=COMMIT2, ref=None)
+    assert find_cached_snapshot() == full
 
 
-def test_incomplete_or_broken_cache_is_ignored(env, tmp_path, fake_hub):
-    snapshot = make_cache_snapshot(tmp_path / "cache")
-    blob = (snapshot / "model.safetensors").resolve()
-    blob.unlink()  # dangling symlink: the cache was pruned
-    assert find_cached_snapshot(tmp_path / "cache") is None
-    e = resolve_error(download=False)
-    assert e.missing == list(REQUIRED_FILES)
+def test_shipped_config_and_tokenizer_stand_in_for_gpt2(env, tmp_path, shipped):
+    snapshot = cache_snapshot(tmp_path / "cache", files={"model.safetensors": CONTENT["model.safetensors"]})
+    files = resolve_model("gpt2", download=False)
+    assert files.weights == snapshot / "model.safetensors"
+    assert files.config == shipped / "config.json" and files.tokenizer == shipped / "tokenizer.json"
+    with pytest.raises(ModelFilesMissing):  # only for gpt2 at main
+        resolve_model("gpt2@" + COMMIT2, download=False)
 
 
-# ------------------------------------------------------------------------------------ downloads
+def test_a_pruned_blob_counts_as_missing(env, tmp_path, fake_hub, downloader, shipped):
+    snapshot = cache_snapshot(tmp_path / "cache")
+    (snapshot / "model.safetensors").resolve().unlink()  # the link now leads nowhere
+    assert missing_error(download=False).missing == ["model.safetensors"]
+    files = resolve_model(progress=False)
+    assert files.weights.read_bytes() == CONTENT["model.safetensors"]
+    assert fake_hub.names_requested() == [SHA["model.safetensors"]] or \
+        fake_hub.names_requested() == ["model.safetensors"]
 
 
-def test_download_into_local_gpt2(env, fake_hub, capsys):
-    d = resolve_model_dir()
-    assert d == (env / "gpt2").absolute()
-    for name in REQUIRED_FILES:
-        assert (d / name).read_bytes() == CONTENT[name]
-    assert sorted(fake_hub.names_requested()) == sorted(REQUIRED_FILES)
-    assert not list(d.glob("*.part"))
-    # stderr is not a terminal here: one line per file, no bar.
-    err = capsys.readouterr().err
-    assert "downloading" in err and "downloaded model.safetensors" in err and "\r" not in err
+# ------------------------------------------------------------------------------------------- downloads
 
 
-def test_only_missing_files_are_fetched_and_existing_ones_kept(env, fake_hub):
-    mine = {name: b"the user's own " + name.encode() for name in REQUIRED_FILES}
-    fill(env / "gpt2", ["config.json", "tokenizer.json"], mine)
-    d = resolve_model_dir()
+def test_gpt2_fetches_only_the_weights_into_the_cache_layout(env, tmp_path, fake_hub, downloader, shipped):
+    files = resolve_model("gpt2", progress=False)
+    repo = repo_dir(tmp_path / "cache", "openai-community/gpt2")
     assert fake_hub.names_requested() == ["model.safetensors"]
-    assert (d / "config.json").read_bytes() == mine["config.json"]
-    assert (d / "tokenizer.json").read_bytes() == mine["tokenizer.json"]
-    assert (d / "model.safetensors").read_bytes() == CONTENT["model.safetensors"]
+    assert files.weights == repo / "snapshots" / COMMIT / "model.safetensors"
+    assert files.weights.is_symlink() and files.weights.resolve() == repo / "blobs" / SHA["model.safetensors"]
+    assert files.weights.read_bytes() == CONTENT["model.safetensors"]
+    assert (repo / "refs" / "main").read_text() == COMMIT
+    assert not [p for p in (repo / "blobs").iterdir() if p.name.endswith(".incomplete")]
+    # The second time, everything is in the cache: no request.
+    fake_hub.requests.clear()
+    assert resolve_model("gpt2") == files and fake_hub.requests == []
 
 
-def test_download_into_explicit_dir(env, tmp_path, fake_hub):
-    target = tmp_path / "new" / "model"
-    assert resolve_model_dir(target, progress=False) == target
-    assert all((target / n).read_bytes() == CONTENT[n] for n in REQUIRED_FILES)
-    assert not (env / "gpt2").exists()
+def test_any_repo_fetches_config_tokenizer_weights_from_one_commit(env, tmp_path, fake_hub, downloader):
+    fake_hub.add(REPO, FULL, commit=COMMIT)
+    fake_hub.add(REPO, {**FULL, "config.json": config_json(n_ctx=1)}, commit=COMMIT2, ref="v2")
+    files = resolve_model(f"{REPO}@v2", progress=False)
+    assert fake_hub.names_requested() == ["config.json", "tokenizer.json", "model.safetensors"]
+    assert files.config.parent.name == COMMIT2 and files.config.read_bytes() == config_json(n_ctx=1)
+    repo = repo_dir(tmp_path / "cache", REPO)
+    assert (repo / "refs" / "v2").read_text() == COMMIT2
+    assert (repo / "blobs" / git_blob_hash(config_json(n_ctx=1))).is_file()  # small files by git hash
+    pipe = inferno.load(f"{REPO}@v2", "numpy")
+    assert pipe.config.n_embd == CONFIG.n_embd and len(pipe.generate("the", max_new_tokens=3).ids) == 3
 
 
-def test_redirects_are_followed(env, fake_hub):
-    fake_hub.redirect = True
-    d = resolve_model_dir(progress=False)
-    assert (d / "model.safetensors").read_bytes() == CONTENT["model.safetensors"]
-    assert any(p.startswith("/cdn/") for p in fake_hub.requests)
+def test_a_repo_without_tokenizer_json_uses_vocab_and_merges(env, fake_hub, downloader):
+    files = {n: CONTENT[n] for n in ("config.json", "model.safetensors", "vocab.json", "merges.txt")}
+    fake_hub.add(REPO, files)
+    got = resolve_model(REPO, progress=False)
+    assert got.tokenizer is None and got.vocab.name == "vocab.json" and got.merges.name == "merges.txt"
+    assert fake_hub.names_requested() == ["config.json", "vocab.json", "merges.txt", "model.safetensors"]
+    assert "tokenizer.json" in fake_hub.names_requested("HEAD")  # asked for first
+    pipe = inferno.load(REPO, "numpy")
+    same = Tokenizer.from_dict(json.loads(CONTENT["tokenizer.json"]))  # the same vocabulary and merges
+    space = same.encode(" ")[0]
+    assert pipe.tokenizer.encode(" the he") == same.encode(" the he") == [256, 257, space, 257]
 
 
-def test_a_part_file_is_not_ours_and_is_kept(env, fake_hub):
-    # Downloads go to a temporary file inferno creates itself: a model.safetensors.part is the user's.
-    d = fill(env / "gpt2", ["config.json", "tokenizer.json"])
-    (d / "model.safetensors.part").write_bytes(b"left over from an interrupted run" * 100)
-    resolve_model_dir(progress=False)
-    assert (d / "model.safetensors").read_bytes() == CONTENT["model.safetensors"]
-    assert (d / "model.safetensors.part").read_bytes() == b"left over from an interrupted run" * 100
+def test_another_architecture_is_refused_before_its_weights(env, fake_hub, downloader):
+    llama = b'{"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 4096}'
+    fake_hub.add("meta/llama", {**FULL, "config.json": llama})
+    with pytest.raises(ConfigError) as info:
+        resolve_model("meta/llama", progress=False)
+    assert "'model_type'" in str(info.value) and "llama" in str(info.value) and "\n" not in str(info.value)
+    assert "model.safetensors" not in fake_hub.names_requested()
 
 
-def test_http_404_is_one_line_error(env, fake_hub):
-    del fake_hub.files["model.safetensors"]
-    e = resolve_error(progress=False)
-    message = str(e)
-    assert isinstance(e, FileNotFoundError)
-    # The download stops at the first failure; config.json arrived before it and no longer counts.
-    assert e.missing == ["model.safetensors", "tokenizer.json"]
-    assert "404" in message and "model.safetensors" in message
-    assert str(env / "gpt2") in message and "models--openai-community--gpt2" in message
-    # The files that did arrive are complete and stay; nothing half-written is left.
-    d = env / "gpt2"
-    assert (d / "config.json").read_bytes() == CONTENT["config.json"]
-    assert not (d / "model.safetensors").exists() and not list(d.glob("*.part"))
+@pytest.mark.parametrize("case, needles", [
+    ("no weights", ["has no model.safetensors", "model.safetensors"]),
+    ("no tokenizer", ["neither tokenizer.json nor vocab.json + merges.txt"]),
+    ("no repo", ["no repo nobody/nothing"]),
+    ("no revision", ["no revision 'v9'"]),
+])
+def test_hub_errors_are_one_line(env, fake_hub, downloader, case, needles):
+    fake_hub.add(REPO, FULL)
+    name = REPO
+    if case == "no weights":
+        fake_hub.file(REPO, "model.safetensors", None)
+    elif case == "no tokenizer":
+        fake_hub.file(REPO, "tokenizer.json", None)
+    elif case == "no repo":
+        name = "nobody/nothing"
+    else:
+        name = REPO + "@v9"
+    e = missing_error(name, progress=False)
+    for needle in needles:
+        assert needle in str(e), str(e)
+    assert "-m random" in e.remedy
 
 
-def test_truncated_download_leaves_nothing_behind(env, fake_hub):
-    fake_hub.truncate.add("model.safetensors")
-    d = fill(env / "gpt2", ["config.json", "tokenizer.json"])
-    e = resolve_error(progress=False)
-    assert e.missing == ["model.safetensors"] and "download failed" in str(e)
-    assert not (d / "model.safetensors").exists()
-    assert not (d / "model.safetensors.part").exists()
+def test_unreachable_hub(env, downloader, shipped):
+    e = missing_error(progress=False)  # HF_ENDPOINT is a closed port (see the env fixture)
+    assert "download failed" in str(e) and e.missing == ["model.safetensors"]
+    assert "-m random" in e.remedy
 
 
-def test_unreachable_endpoint_is_one_line_error(env):
-    # HF_ENDPOINT points at a closed port (see the env fixture).
-    e = resolve_error(progress=False)
-    message = str(e)
-    assert "download failed" in message and "127.0.0.1:9" in message
-    assert "config.json, model.safetensors, tokenizer.json" in message
-    assert not (env / "gpt2").exists()  # the directory made for the download is removed again
-
-
-def test_bad_endpoint_url_is_one_line_error(env, monkeypatch):
-    monkeypatch.setenv("HF_ENDPOINT", "not a url")
-    assert "download failed" in str(resolve_error(progress=False))
-
-
-@pytest.mark.parametrize(
-    "var, value", [("HF_HUB_OFFLINE", "1"), ("INFERNO_OFFLINE", "1"), ("HF_HUB_OFFLINE", "true")]
-)
+@pytest.mark.parametrize("var, value", [("HF_HUB_OFFLINE", "1"), ("INFERNO_OFFLINE", "1"),
+                                        ("HF_HUB_OFFLINE", "true")])
 def test_offline_makes_no_request(env, fake_hub, monkeypatch, var, value):
     monkeypatch.setenv(var, value)
-    e = resolve_error()
+    e = missing_error("gpt2-large")
     assert fake_hub.requests == []
-    assert "offline" in str(e) and var in str(e)
-    e = resolve_error(env / "elsewhere")
-    assert fake_hub.requests == []
-    assert str(env / "elsewhere") in str(e)
+    assert "offline" in str(e) and var in str(e) and "openai-community/gpt2-large" in str(e)
+    assert e.remedy == f"unset {var} to download it, or try {hub.RANDOM_HINT}"
 
 
-def test_offline_zero_means_online(env, fake_hub, monkeypatch):
+def test_offline_zero_means_online(env, fake_hub, monkeypatch, shipped):
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
-    resolve_model_dir(progress=False)
+    resolve_model(progress=False)
     assert fake_hub.requests
 
 
-def test_download_false_makes_no_request(env, fake_hub):
-    fill(env / "gpt2", ["config.json"])
-    e = resolve_error(download=False)
-    assert fake_hub.requests == []
-    assert e.missing == ["model.safetensors", "tokenizer.json"]
-    assert ("gpt2 model.safetensors tokenizer.json --local-dir gpt2" in str(e)
-            or "copy them into gpt2 " in str(e))
-    assert "downloading disabled" in str(e)
+def test_download_false_makes_no_request(env, fake_hub, monkeypatch):
+    monkeypatch.setattr("shutil.which", lambda name: None)  # no hf command
+    e = missing_error(REPO, download=False)
+    assert fake_hub.requests == [] and "downloading disabled" in str(e)
+    assert e.remedy == f"try {hub.RANDOM_HINT}; to fetch it yourself: {hub.PIP_HUB}, then hf download {REPO}"
+    assert 'pip install "inferno-gpt2[hub]"' in e.remedy
 
 
-def test_explicit_dir_error_names_it(env, tmp_path):
-    d = fill(tmp_path / "my model", ["tokenizer.json"])
-    e = resolve_error(d, download=False)
-    assert e.missing == ["config.json", "model.safetensors"]
-    assert str(d) in str(e)
-    assert f"--local-dir '{d}'" in str(e) or f"copy them into '{d}'" in str(e)  # quoted: it has a space
-    assert "models--" not in str(e)  # an explicit directory is the only place looked
+def test_the_remedy_names_the_hf_command_when_there_is_one(env, monkeypatch):
+    monkeypatch.setattr("shutil.which", lambda name: f"/usr/bin/{name}")
+    e = missing_error(f"{REPO}@v2", download=False)
+    assert e.lines[1].startswith(f"fetch it with: hf download {REPO} config.json model.safetensors "
+                                 f"tokenizer.json --revision v2; or try -m random")
 
 
-def test_progress_bar_on_a_terminal(env, fake_hub, monkeypatch):
+def test_a_folder_is_used_as_it_is(env, tmp_path, fake_hub):
+    folder = tmp_path / "my model"
+    folder.mkdir()
+    (folder / "tokenizer.json").write_bytes(CONTENT["tokenizer.json"])
+    e = missing_error(folder)
+    assert e.missing == ["config.json", "model.safetensors"] and str(folder) in str(e)
+    assert fake_hub.requests == [] and sorted(p.name for p in folder.iterdir()) == ["tokenizer.json"]
+    assert "no such folder" in str(missing_error(tmp_path / "nothing"))
+    (folder / "config.json").write_bytes(CONTENT["config.json"])
+    (folder / "model.safetensors").write_bytes(CONTENT["model.safetensors"])
+    assert resolve_model(folder).weights == folder / "model.safetensors"
+
+
+# ------------------------------------------------------------------------------------- progress, resume
+
+
+def test_progress_lines_off_a_terminal(env, fake_hub, capsys, shipped, monkeypatch):
+    monkeypatch.setenv("INFERNO_DOWNLOADER", "urllib")
+    resolve_model()
+    err = capsys.readouterr().err
+    assert "downloading " in err and "downloaded model.safetensors" in err and "\r" not in err
+
+
+def test_progress_bar_on_a_terminal(env, fake_hub, monkeypatch, shipped):
     class Terminal(io.StringIO):
         def isatty(self) -> bool:
             return True
 
+    monkeypatch.setenv("INFERNO_DOWNLOADER", "urllib")
     monkeypatch.setattr(hub, "_CHUNK", 100_000)  # several updates
     monkeypatch.setattr(hub._Progress, "min_interval_s", 0.0)
     terminal = Terminal()
     monkeypatch.setattr(hub.sys, "stderr", terminal)
-    resolve_model_dir()
+    resolve_model()
     out = terminal.getvalue()
     assert out.count("\r") > 3 and "MB" in out and "100%" in out and "model.safetensors [" in out
 
 
-def test_no_progress_output_when_disabled(env, fake_hub, capsys):
-    resolve_model_dir(progress=False)
+def test_no_progress_output_when_disabled(env, fake_hub, capsys, downloader, shipped):
+    resolve_model(progress=False)
     assert capsys.readouterr().err == ""
 
 
-def test_move_into_place_never_overwrites(tmp_path):
-    part, dest = tmp_path / "f.part", tmp_path / "f"
-    part.write_bytes(b"downloaded")
-    dest.write_bytes(b"user's")
-    hub._move_into_place(part, dest)
-    assert dest.read_bytes() == b"user's" and not part.exists()
-    part.write_bytes(b"downloaded")
-    hub._move_into_place(part, tmp_path / "g")
-    assert (tmp_path / "g").read_bytes() == b"downloaded" and not part.exists()
+def test_a_dropped_connection_is_resumed_in_the_same_run(env, fake_hub, downloader, shipped):
+    fake_hub.drop_after["model.safetensors"] = 300_000
+    fake_hub.drops_left = 1
+    files = resolve_model(progress=False)
+    assert files.weights.read_bytes() == CONTENT["model.safetensors"]
+    gets = [h for m, p, h in fake_hub.requests if m == "GET" and p.startswith("/cdn/")]
+    assert len(gets) == 2, fake_hub.requests
+    if downloader == "urllib":  # huggingface_hub (2.4 here) asks for all of it again
+        assert gets[1] == {"Range": "bytes=300000-"}
 
 
-def test_model_files_missing_message_is_one_line(monkeypatch):
-    monkeypatch.setattr("shutil.which", lambda name: f"/usr/bin/{name}")  # the hf command is installed
-    e = ModelFilesMissing(["model.safetensors"], ["/a", "/b"], reason="download failed: boom\nsecond line")
-    assert str(e) == (
-        "GPT-2 model file(s) missing: model.safetensors; looked in /a, /b; "
-        "download failed: boom second line; "
-        "fetch them with: hf download openai-community/gpt2 model.safetensors --local-dir gpt2"
-    )
-    assert isinstance(e, FileNotFoundError)
+def test_an_interrupted_download_is_resumed_by_the_next_run(env, tmp_path, fake_hub, shipped, monkeypatch):
+    monkeypatch.setenv("INFERNO_DOWNLOADER", "urllib")
+    monkeypatch.setattr(hub, "_ATTEMPTS", 1)
+    fake_hub.drop_after["model.safetensors"] = 400_000
+    e = missing_error(progress=False)
+    assert "download failed" in str(e)
+    blobs = repo_dir(tmp_path / "cache", "openai-community/gpt2") / "blobs"
+    part = blobs / (SHA["model.safetensors"] + ".incomplete")
+    assert part.stat().st_size == 400_000  # kept for the next run
+    assert not (blobs / SHA["model.safetensors"]).exists()
+    fake_hub.drop_after.clear()
+    files = resolve_model(progress=False)
+    assert files.weights.read_bytes() == CONTENT["model.safetensors"] and not part.exists()
+    assert fake_hub.requests[-1][2] == {"Range": "bytes=400000-"}
+
+
+def test_a_server_that_ignores_the_range_starts_over(env, tmp_path, fake_hub, shipped, monkeypatch):
+    monkeypatch.setenv("INFERNO_DOWNLOADER", "urllib")
+    blobs = repo_dir(tmp_path / "cache", "openai-community/gpt2") / "blobs"
+    blobs.mkdir(parents=True)
+    (blobs / (SHA["model.safetensors"] + ".incomplete")).write_bytes(b"junk" * 1000)
+    fake_hub.ignore_range = True
+    assert resolve_model(progress=False).weights.read_bytes() == CONTENT["model.safetensors"]
+
+
+# ------------------------------------------------------------------------------------- verification
+
+
+def test_a_wrong_checksum_is_not_saved(env, tmp_path, fake_hub, shipped, monkeypatch):
+    monkeypatch.setenv("INFERNO_DOWNLOADER", "urllib")
+    fake_hub.lie_sha256.add("model.safetensors")
+    e = missing_error(progress=False)
+    assert "SHA-256" in str(e) and "not saved" in str(e)
+    repo = repo_dir(tmp_path / "cache", "openai-community/gpt2")
+    assert [p.name for p in (repo / "blobs").iterdir()] == []  # neither the blob nor a partial file
+    assert not (repo / "snapshots" / COMMIT / "model.safetensors").exists()
+
+
+def test_an_html_page_is_not_saved_as_the_weights(env, tmp_path, fake_hub, shipped, monkeypatch):
+    monkeypatch.setenv("INFERNO_DOWNLOADER", "urllib")
+    fake_hub.file("openai-community/gpt2", "model.safetensors", b"<!DOCTYPE html><html>Sign in</html>\n")
+    e = missing_error(progress=False)
+    assert "model.safetensors" in str(e) and "not usable" in str(e) and "not saved" in str(e)
+    repo = repo_dir(tmp_path / "cache", "openai-community/gpt2")
+    assert list((repo / "blobs").iterdir()) == []
+
+
+def test_weights_that_do_not_match_the_config_are_not_saved(env, fake_hub, monkeypatch):
+    monkeypatch.setenv("INFERNO_DOWNLOADER", "urllib")
+    fake_hub.add(REPO, {**FULL, "model.safetensors": weights_bytes(CONFIG.__class__(
+        **{**CONFIG.__dict__, "n_embd": 32}))})
+    e = missing_error(REPO, progress=False)
+    assert "does not match config.json" in str(e) and "wte.weight" in str(e)
+
+
+def test_the_token_goes_to_the_hub_and_not_to_the_cdn(env, fake_hub, shipped, monkeypatch):
+    monkeypatch.setenv("INFERNO_DOWNLOADER", "urllib")
+    monkeypatch.setenv("HF_TOKEN", "hf_secret")
+    resolve_model(progress=False)
+    hub_auth = [h.get("Authorization") for m, p, h in fake_hub.requests if "/resolve/" in p]
+    cdn_auth = [h.get("Authorization") for m, p, h in fake_hub.requests if p.startswith("/cdn/")]
+    assert hub_auth and set(hub_auth) == {"Bearer hf_secret"}
+    assert cdn_auth and set(cdn_auth) == {None}
+
+
+def test_a_file_in_the_snapshot_is_never_replaced(env, tmp_path, fake_hub, downloader):
+    fake_hub.add(REPO, FULL)
+    snapshot = repo_dir(tmp_path / "cache", REPO) / "snapshots" / COMMIT
+    snapshot.mkdir(parents=True)
+    (snapshot / "tokenizer.json").write_bytes(CONTENT["tokenizer.json"])  # a plain file: someone's own
+    (snapshot.parent.parent / "refs").mkdir()
+    (snapshot.parent.parent / "refs" / "main").write_text(COMMIT)
+    files = resolve_model(REPO, progress=False)
+    assert not files.tokenizer.is_symlink() and "tokenizer.json" not in fake_hub.names_requested()
+
+
+def test_a_symlinked_partial_file_is_not_written_through(env, tmp_path, fake_hub, shipped, monkeypatch):
+    monkeypatch.setenv("INFERNO_DOWNLOADER", "urllib")
+    blobs = repo_dir(tmp_path / "cache", "openai-community/gpt2") / "blobs"
+    blobs.mkdir(parents=True)
+    precious = tmp_path / "precious.bin"
+    precious.write_bytes(b"the user's precious file")
+    (blobs / (SHA["model.safetensors"] + ".incomplete")).symlink_to(precious)
+    e = missing_error(progress=False)
+    assert "download failed" in str(e)
+    assert precious.read_bytes() == b"the user's precious file"
+
+
+def test_verification_errors_are_oserrors():
+    assert issubclass(DownloadVerificationError, OSError)
+
+
+def test_short_names_are_the_documented_ones():
+    assert set(SHORT_NAMES) == {"gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "distilgpt2"}
+    assert os.fspath(hub.shipped_gpt2_file("tokenizer.json")).endswith("tokenizer.json")
