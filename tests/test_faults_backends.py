@@ -281,7 +281,7 @@ def test_backend_exceptions_name_the_backend_and_the_call(model_dir, plugins, tm
 def test_backend_argument_of_the_wrong_type(model_dir):
     with pytest.raises(TypeError, match="backend must be a name such as 'numpy'.*not int"):
         inferno.load(model_dir, 123)
-    with pytest.raises(TypeError, match="model_dir must be a path"):
+    with pytest.raises(TypeError, match="model must be a name or a folder"):
         inferno.load(123, "numpy")
 
 
