@@ -211,16 +211,17 @@ def assert_missing_files_error(proc: subprocess.CompletedProcess, *needles: str)
     assert proc.returncode == 2, (proc.returncode, proc.stderr)
     assert "Traceback" not in proc.stderr
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 2 and lines[0].startswith("inferno: error: GPT-2 model file(s) missing"), proc.stderr
+    assert len(lines) == 2 and lines[0].startswith("inferno: error: GPT-2 model file(s) "), proc.stderr
+    assert " missing: " in lines[0], proc.stderr
     for needle in needles:
         assert needle in lines[0], f"{needle!r} not in {lines[0]!r}"
 
 
 def test_missing_weights_offline(tmp_path, env):
-    # No --model-dir, no ./gpt2, an empty HF cache and no network: say what is missing and how to get it.
+    # No -m, an empty HF cache and no network: say what is missing and how to go on.
     proc = run(["Hi"], env, cwd=tmp_path)
-    assert_missing_files_error(proc, "model.safetensors")
-    assert "hf download" in proc.stderr or "copy them into gpt2" in proc.stderr
+    assert_missing_files_error(proc, "model.safetensors", "openai-community/gpt2")
+    assert "unset INFERNO_OFFLINE to download it, or try -m random" in proc.stderr
 
 
 def test_missing_file_in_model_dir(model_dir, tmp_path, env):

@@ -23,7 +23,7 @@ PAGES = sorted([README, *DOCS.glob("*.md")])
 
 #: Pages that other branches of issue 26 add (serving, models, llm, the half plugin's benchmarks).
 #: Links to them are allowed while they are missing; once one exists, remove it here (see below).
-PENDING = {"serving.md", "models.md", "benchmarks-half.md"}
+PENDING = {"serving.md", "benchmarks-half.md"}
 
 
 def text(path: Path) -> str:
@@ -184,7 +184,7 @@ def _help(argv: list[str]) -> str:
 CLI_SECTIONS = {"": "## Generating: `inferno [PROMPT]`", "score": "## `inferno score`",
                 "batch": "## `inferno batch`", "serve": "## `inferno serve`",
                 "backends": "## `inferno backends`", "bench": "## `inferno bench`"}
-SHARED_FLAGS = {"-m", "--model-dir", "-b", "--backend", "--threads"}
+SHARED_FLAGS = {"-m", "--model", "--model-dir", "-b", "--backend", "--threads"}
 
 
 @pytest.mark.parametrize("subcommand", sorted(CLI_SECTIONS))
@@ -212,17 +212,21 @@ def test_cli_synopsis_and_short_flags():
 
 
 def test_cli_page_gives_the_fetch_command_inferno_prints(tmp_path, monkeypatch, capsys):
-    # No model anywhere, offline: inferno's second line is the `hf download` command, as the page says.
+    # No model in the cache and a download that fails: inferno's second line is the `hf download`
+    # command, as the page says.
     from inferno.cli import main
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for name in ("HF_HUB_OFFLINE", "INFERNO_OFFLINE", "HF_HUB_CACHE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
+    monkeypatch.setenv("INFERNO_DOWNLOADER", "urllib")  # fails at once (huggingface_hub retries for 30 s)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     monkeypatch.setenv("PATH", os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]))
     with open(os.devnull) as devnull:
         monkeypatch.setattr(sys, "stdin", devnull)
         assert main(["Hello", "-n", "1"]) == 2
-    printed = re.search(r"hf download [^\n]+", capsys.readouterr().err)
+    printed = re.search(r"hf download [^;\n]+", capsys.readouterr().err)
     assert printed, "inferno did not suggest an hf download command (is huggingface_hub installed?)"
     page = text(DOCS / "cli.md")
     assert printed.group(0) in page

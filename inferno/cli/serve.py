@@ -18,11 +18,10 @@ import socket
 import sys
 import threading
 from collections.abc import Sequence
-from pathlib import Path
 
 from inferno.cli._args import EXIT_USAGE, Parser, add_model_args
 from inferno.engine import DEFAULT_PREFILL_CHUNK, DEFAULT_QUEUE, DEFAULT_SLOTS
-from inferno.serve.config import DEFAULT_MODEL_ID, ServeConfig
+from inferno.serve.config import ServeConfig
 
 _EXTRA = ("fastapi", "uvicorn", "sse_starlette", "prometheus_client")
 
@@ -81,7 +80,7 @@ def _parser() -> argparse.ArgumentParser:
         help="on SIGTERM, running requests may finish for S seconds (10), then end as 'cancelled'")
     arg("--log-prompts", action="store_true", help="put the prompt in each access log line")
     arg("--served-model-name", metavar="NAME", help="the model id in /v1/models and responses (default: "
-        f"the --model-dir folder's name, else {DEFAULT_MODEL_ID!r})")
+        "the Hub repo id, the folder's name, or random)")
     return p
 
 
@@ -143,10 +142,15 @@ def run(argv: Sequence[str]) -> int:
         threads = args.threads is not None and isinstance(exc, BackendOptionError)
         flag = "--threads" if threads else "--backend"
         return _fail(f"{flag}: {exc}")
-    if args.model_dir is not None and not Path(args.model_dir).expanduser().is_dir():
+    from inferno.hub import ModelNameError, parse_model_name
+
+    try:  # the name is checked here; the files are found (or downloaded) as the model loads
+        spec = parse_model_name(args.model_dir)
+    except (ModelNameError, TypeError) as exc:
+        return _fail(f"--model-dir: {exc}")
+    if spec.kind == "folder" and not spec.path.is_dir():
         return _fail(f"--model-dir: {args.model_dir} is not a folder")
-    model_id = args.served_model_name or (Path(args.model_dir).expanduser().resolve().name
-                                          if args.model_dir else DEFAULT_MODEL_ID)
+    model_id = args.served_model_name or spec.id
     try:
         sock = _listen(args.host, args.port)
     except OSError as exc:
