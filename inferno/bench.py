@@ -139,15 +139,20 @@ class BenchProgress:
 def _load_weights(model_dir: str | None, seed: int, progress: BenchProgress) -> tuple[Gpt2Config, dict, str]:
     from pathlib import Path
 
-    from inferno.hub import ModelFilesMissing, resolve_model_dir
+    from inferno.hub import ModelFilesMissing, ModelNameError, parse_model_name, resolve_model_dir
     from inferno.weights import load_weights
 
     try:
-        directory = resolve_model_dir(model_dir, download=False)
+        random = model_dir is not None and parse_model_name(model_dir).kind == "random"
+        directory = None if random else resolve_model_dir(model_dir, download=False)
+    except ModelNameError as exc:
+        raise BenchError(squash(exc)) from None
     except ModelFilesMissing as exc:
         if model_dir is not None:
             raise BenchError(squash(exc)) from None
-        progress("building random 124M-shape weights (no model files found)")
+        directory = None
+    if directory is None:
+        progress("building random 124M-shape weights" + ("" if random else " (no model files found)"))
         return GPT2_124M, random_weights(GPT2_124M, seed), "random (GPT-2 124M shape)"
     progress(f"loading weights from {directory}")
     config = Gpt2Config.from_file(Path(directory) / "config.json")

@@ -390,10 +390,11 @@ class Job:
         model here, once, and check the backend, so that a missing file is the command's own error
         rather than every worker's. The workers then load the folder found."""
         from inferno.backends.registry import get_backend
-        from inferno.hub import resolve_model_dir
+        from inferno.hub import parse_model_name, resolve_model_dir
 
         c = self.config
-        c.model_dir = str(resolve_model_dir(c.model_dir))
+        if parse_model_name(c.model_dir).kind != "random":  # random weights: each worker builds them
+            c.model_dir = str(resolve_model_dir(c.model_dir))
         get_backend(c.backend, **({} if c.threads is None else {"threads": c.threads})).close()
 
     def _index(self, ds: Any, done_ids: set) -> tuple[list[tuple[str, int, str]], set, int]:
