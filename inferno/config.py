@@ -66,7 +66,7 @@ class FileTooLargeError(OSError):
     """A file bigger than the size limit for what it should be."""
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
     if stat.S_ISFIFO(mode):
         return "a named pipe (FIFO)"
     if stat.S_ISCHR(mode):
@@ -84,7 +84,7 @@ def _not_regular(path: str | os.PathLike[str], mode: int) -> NotARegularFileErro
     where = os.fspath(path)
     real = os.path.realpath(where)
     via = f" ({real}, through a symlink)" if os.path.islink(where) or real != os.path.abspath(where) else ""
-    return NotARegularFileError(errno.EINVAL, f"not a regular file: it is {_kind(mode)}{via}", where)
+    return NotARegularFileError(errno.EINVAL, f"not a regular file: it is {file_kind(mode)}{via}", where)
 
 
 def open_regular_file(path: str | os.PathLike[str], buffering: int = -1) -> IO[bytes]:

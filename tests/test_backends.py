@@ -231,6 +231,7 @@ def _pytest(args: list[str], cwd: Path, plugins: list[str] = ()) -> subprocess.C
     return subprocess.run([*cmd, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # runs a pytest of its own
 def test_suite_runs_from_anywhere(tmp_path):
     proc = _pytest(["--pyargs", "inferno.conformance", "--backend", "numpy"], tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -239,6 +240,7 @@ def test_suite_runs_from_anywhere(tmp_path):
     assert f" {len(all_checks())} passed" in proc.stdout
 
 
+@pytest.mark.slow  # runs a pytest of its own
 def test_suite_fails_a_broken_plugin_backend_naming_the_kernel(tmp_path):
     args = ["--pyargs", "inferno.conformance", "--backend", "broken-layernorm", "-k", "layernorm or add"]
     proc = _pytest(args, tmp_path, plugins=["broken_layernorm"])
@@ -255,12 +257,14 @@ def test_suite_fails_a_broken_plugin_backend_naming_the_kernel(tmp_path):
     assert "2 xfailed" in proc.stdout and "xfails from xfails.txt: 2 entries" in proc.stdout
 
 
+@pytest.mark.slow  # runs a pytest of its own
 def test_suite_reports_an_unknown_backend(tmp_path):
     proc = _pytest(["--pyargs", "inferno.conformance", "--backend", "nump"], tmp_path)
     assert proc.returncode == 4
     assert "cannot use backend 'nump': unknown backend 'nump'. Did you mean 'numpy'?" in proc.stderr
 
 
+@pytest.mark.slow  # runs a pytest of its own
 def test_plugin_is_inert_in_other_runs(tmp_path):
     # A project with its own --backend option and fixture: the plugin must neither clash nor interfere.
     (tmp_path / "conftest.py").write_text(

@@ -106,10 +106,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _flush_stdout(report=code == 0) or code
 
 
+def _edits(a: str, b: str) -> int:
+    """Levenshtein distance (short words only)."""
+    row = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        prev, row[0] = row[0], i
+        for j, cb in enumerate(b, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (ca != cb))
+    return row[-1]
+
+
+def _subcommand_hint(argv: list[str]) -> None:
+    """A first word within two edits of a subcommand (`inferno backend`) is still a prompt, so that no
+    prompt breaks, but a note on stderr says which subcommand it resembles."""
+    word = argv[0] if argv else ""
+    if not word or word.startswith("-") or " " in word or len(word) < 4:
+        return
+    close = [name for name in SUBCOMMANDS if _edits(word.lower(), name) <= 2]
+    if close:
+        print(f"inferno: note: {word!r} is not a subcommand; did you mean 'inferno {close[0]}'? Generating "
+              f"from the prompt {word!r} ('inferno -- {word}' skips this note)", file=sys.stderr)
+
+
 def _main(argv: list[str]) -> int:
     try:
         if argv and argv[0] in SUBCOMMANDS:
             return SUBCOMMANDS[argv[0]](argv[1:])
+        _subcommand_hint(argv)
         return generate.run(argv)
     except KeyboardInterrupt:
         print("\n[interrupted]", file=sys.stderr)

@@ -94,19 +94,44 @@ def count(n: int, what: str) -> str:
     return f"{n} {what}" if n == 1 else f"{n} {what}s"
 
 
-def read_text(name: str) -> str:
+#: The most bytes read as one text (a prompt, a text to score): far beyond any context, and a bound on
+#: what /dev/zero or a runaway pipe can make the command hold.
+MAX_TEXT_BYTES = 64 << 20
+
+
+def read_stdin(limit: int = MAX_TEXT_BYTES, what: str = "a text") -> bytes:
+    """All of stdin, refused (a `CliError`) past `limit` bytes."""
+    data = sys.stdin.buffer.read(limit + 1)
+    if len(data) > limit:
+        raise CliError(f"stdin: more than the {limit}-byte limit for {what}")
+    return data
+
+
+def read_text(name: str, flag: str = "") -> str:
+    """The UTF-8 text of file `name` (``-``: stdin), less a byte-order mark. A missing, special (FIFO,
+    device) or oversized file is a `CliError` naming `flag` and the file."""
+    from inferno.config import read_regular_file
+
     if name == "-":
         if sys.stdin.isatty():
             raise CliError("give a FILE to score, or pipe the text in: inferno score - < FILE")
-        data, name = sys.stdin.buffer.read(), "stdin"
+        data, name = read_stdin(), "stdin"
     else:
-        with open(name, "rb") as f:
-            data = f.read()
+        try:
+            data = read_regular_file(name, MAX_TEXT_BYTES, "a text")
+        except OSError as exc:
+            raise CliError(f"{flag + ' ' if flag else ''}{name}: {exc.strerror or exc}") from None
+    return decode_text(data, name)
+
+
+def decode_text(data: bytes, name: str) -> str:
+    """`data` as UTF-8 text, a leading byte-order mark dropped (it is not part of the text)."""
     try:
-        return data.decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         bad = f"byte 0x{data[exc.start]:02x} at offset {exc.start}"
         raise CliError(f"{name}: not UTF-8 text ({bad})") from None
+    return text.removeprefix("\ufeff")
 
 
 def user_errors() -> tuple[type[BaseException], ...]:

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import math
 import os
@@ -27,9 +28,11 @@ from inferno.cli._args import (
     add_model_args,
     bias,
     count,
+    decode_text,
     load,
     non_negative,
     number,
+    read_stdin,
     read_text,
     seed,
     temperature,
@@ -103,7 +106,8 @@ def _options(args: argparse.Namespace):
                                  logit_bias=dict(args.logit_bias or ()))
     except OptionError as exc:
         flag = "--" + exc.field.split("[")[0].replace("_", "-")
-        raise CliError(f"{flag}: {exc.reason}") from None
+        # "(or None)" is the API's way to turn an option off; on the command line, leaving the flag out is.
+        raise CliError(f"{flag}: {exc.reason.replace(' (or None)', '')}") from None
 
 
 def _parse_generate(argv: Sequence[str]) -> argparse.Namespace:
@@ -123,6 +127,10 @@ def _parse_generate(argv: Sequence[str]) -> argparse.Namespace:
         parser.error(f"everything after '--' is the prompt, here {len(after)} words: put flags before '--' "
                      f"and quote a prompt of several words ({example})")
     if flags:
+        known = [o for action in parser._actions for o in action.option_strings]
+        close = difflib.get_close_matches(flags[0].split("=")[0], known, n=1, cutoff=0.75)
+        if close:
+            parser.error(f"unrecognized arguments: {' '.join(flags)} (did you mean {close[0]}?)")
         parser.error(f"unrecognized arguments: {' '.join(flags)} (a prompt that starts with '-' goes after "
                      "'--': inferno -- \"-1 is a number\")")
     words = [args.prompt, *extra] if args.prompt else extra
@@ -156,12 +164,7 @@ def _read_stdin_prompt() -> str:
         if not ready:  # an open pipe nobody writes to (ssh, a CI runner): say why nothing happens
             print("inferno: reading the prompt from stdin (end it with Ctrl-D; '< /dev/null' skips it)",
                   file=sys.stderr, flush=True)
-    data = sys.stdin.buffer.read()
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        bad = f"byte 0x{data[exc.start]:02x} at offset {exc.start}"
-        raise CliError(f"stdin: not UTF-8 text ({bad})") from None
+    return decode_text(read_stdin(what="a prompt"), "stdin")
 
 
 def _prompt(args: argparse.Namespace) -> str:
@@ -171,7 +174,7 @@ def _prompt(args: argparse.Namespace) -> str:
     elif args.file is not None:
         if os.path.isdir(args.file):
             raise CliError(f"{args.file}: is a folder, not a text file")
-        text = read_text(args.file)
+        text = read_text(args.file, "-f")
     elif _stdin_has_text():
         text = _read_stdin_prompt()
     else:

@@ -61,6 +61,8 @@ def run(argv: Sequence[str]) -> int:
     if args.strict:
         raise CliError("--strict needs -o OUT.jsonl (it is about the rows of a JSONL file of texts)")
     text = read_text(args.file)
+    if not text and args.file == "-":
+        raise CliError("no text given: name a FILE, or pipe the text in: inferno score - < FILE")
     pipe = load(args)
     start = time.perf_counter()
     result = pipe.score(text, args.stride)

@@ -8,6 +8,7 @@ A line is read with the standard library's JSON parser, a key given twice refuse
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -38,6 +39,13 @@ def read_object(text: str) -> dict[str, Any]:
         obj = json.loads(text, object_pairs_hook=_object)
     except json.JSONDecodeError as exc:
         raise LineError(f"not valid JSON: {exc.msg} at column {exc.colno}") from None
+    except LineError:
+        raise
+    except ValueError:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+        raise LineError("not valid JSON: a number too long to read "
+                        f"(more than {sys.get_int_max_str_digits()} digits)") from None
+    except RecursionError:
+        raise LineError("not valid JSON: nested too deeply") from None
     if not isinstance(obj, dict):
         raise LineError(f"expected a JSON object, got {_json_type(obj)}")
     return obj

@@ -102,24 +102,48 @@ def same_file(a: Path, b: Path) -> bool:
         return False
 
 
+#: The most bytes a job reads as its input: a bound on what /dev/zero or a runaway pipe can make it hold.
+MAX_INPUT_BYTES = 1 << 30
+
+
 def read_input(name: str, prog: str, items: str = "requests") -> bytes:
+    """The bytes of IN (``-``: stdin). A folder, a special file (FIFO, device) or more than
+    `MAX_INPUT_BYTES` is a `JobError` naming the file and what it is."""
+    from inferno.config import read_regular_file
+
     if name == "-":
         if sys.stdin.isatty():
             raise JobError(f"give an IN.jsonl file, or pipe the {items} in: {prog} - -o OUT < IN.jsonl")
-        return sys.stdin.buffer.read()
-    path = Path(name)
-    if path.is_dir():
+        data = sys.stdin.buffer.read(MAX_INPUT_BYTES + 1)
+        if len(data) > MAX_INPUT_BYTES:
+            raise JobError(f"stdin: more than the {MAX_INPUT_BYTES}-byte limit for a JSONL file")
+        return data
+    if Path(name).is_dir():
         raise JobError(f"{name}: is a folder, not a JSONL file")
-    with open(path, "rb") as f:
-        return f.read()
+    try:
+        return read_regular_file(name, MAX_INPUT_BYTES, "a JSONL file")
+    except OSError as exc:
+        raise JobError(f"{name}: {exc.strerror or exc}") from None
+
+
+def _stdin_is(path: Path) -> bool:
+    """Whether stdin is the file `path` (``< OUT``): results appended to it would be read as input."""
+    try:
+        return os.path.samestat(os.fstat(sys.stdin.fileno()), os.stat(path))
+    except (OSError, ValueError, AttributeError):  # no such OUT yet, or no real stdin
+        return False
 
 
 def check_output(name: str, input_name: str) -> Path:
     if name == "-":
         raise JobError("-o: give a file (results are appended to it, and it makes the run resumable)")
     out = Path(name)
-    if input_name != "-" and same_file(out, Path(input_name)):
+    if same_file(out, Path(input_name)) if input_name != "-" else _stdin_is(out):
         raise JobError(f"-o {name}: that is the input file; give another file for the results")
+    if out.exists() and not out.is_dir() and not out.is_file():  # resuming would read it: never a device
+        from inferno.config import file_kind
+
+        raise JobError(f"-o {name}: not a regular file: it is {file_kind(os.stat(out).st_mode)}")
     parent = out.parent
     if not parent.is_dir():
         raise JobError(f"-o {name}: the folder {parent} does not exist")

@@ -1,0 +1,122 @@
+"""Hostile and careless input to the command line and the JSONL jobs (issue 29's second probe, and the
+papercuts of issue 28): special files, the input as its own output, lines no parser should die on, a
+byte-order mark, and mistyped flags and subcommands. Each message is one line naming what is wrong."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from cli_helpers import assert_one_line_error, offline_env, run_inferno
+
+
+@pytest.fixture
+def env(tmp_path) -> dict[str, str]:
+    return offline_env(tmp_path)
+
+
+def lines_of(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def requests_file(tmp_path, rows: list[str]):
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(row + "\n" for row in rows))
+    return path
+
+
+GOOD = ['{"id": 1, "prompt": "Hi", "max_new_tokens": 2}', '{"id": 3, "prompt": "Yo", "max_new_tokens": 2}']
+
+
+@pytest.mark.parametrize("command", [["batch"], ["score"]])
+def test_stdin_that_is_out_is_refused_before_anything_is_written(tmp_path, env, model_dir, command):
+    src = requests_file(tmp_path, GOOD if command == ["batch"] else ['{"id": 1, "text": "Hi there"}'])
+    before = src.read_bytes()
+    with open(src, "rb") as stdin:  # `inferno batch - -o same.jsonl < same.jsonl`: the process's own stdin
+        proc = subprocess.run([sys.executable, "-m", "inferno", *command, "-", "-o", str(src), "-m",
+                               str(model_dir)], stdin=stdin, capture_output=True, text=True, env=env,
+                              timeout=120)
+    assert_one_line_error(proc, f"-o {src}: that is the input file")
+    assert src.read_bytes() == before
+
+
+@pytest.mark.parametrize("out", ["/dev/full", "/dev/zero", "fifo"])
+def test_a_special_file_as_out_is_refused_without_reading_it(tmp_path, env, model_dir, out):
+    if out == "fifo":
+        out = str(tmp_path / "fifo")
+        os.mkfifo(out)
+    src = requests_file(tmp_path, GOOD)
+    proc = run_inferno(["batch", str(src), "-o", out, "-m", str(model_dir)], env, timeout=30)
+    kind = "a named pipe (FIFO)" if out.endswith("fifo") else "a character device"
+    assert_one_line_error(proc, f"-o {out}: not a regular file: it is {kind}")
+
+
+@pytest.mark.parametrize("args", [["batch", "/dev/zero", "-o", "OUT"], ["score", "/dev/zero"],
+                                  ["-f", "/dev/zero", "Hi"], ["score", "/dev/zero", "-o", "OUT"]])
+def test_a_special_file_as_input_is_refused_not_read(tmp_path, env, model_dir, args):
+    args = [str(tmp_path / "out.jsonl") if a == "OUT" else a for a in args]
+    proc = run_inferno([*args, "-m", str(model_dir)], env, timeout=30)
+    assert_one_line_error(proc, "/dev/zero", "not a regular file: it is a character device")
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_a_missing_prompt_file_names_the_flag(tmp_path, env, model_dir):
+    proc = run_inferno(["-f", str(tmp_path / "nope.txt"), "-m", str(model_dir)], env)
+    assert_one_line_error(proc, f"-f {tmp_path / 'nope.txt'}: No such file or directory")
+
+
+@pytest.mark.parametrize("bad, message", [
+    ('{"id": 2, "prompt": "Hi", "seed": ' + "9" * 5000 + "}", "not valid JSON: a number too long to read"),
+    ('{"id": 2, "prompt": [' + "1" * 5000 + "]}", "not valid JSON: a number too long to read"),
+    ("[" * 100_000 + "]" * 100_000, "not valid JSON: nested too deeply"),
+])
+def test_one_unreadable_line_is_that_lines_error_and_the_rest_run(tmp_path, env, model_dir, bad, message):
+    src = requests_file(tmp_path, [GOOD[0], bad, GOOD[1]])
+    out = tmp_path / "out.jsonl"
+    proc = run_inferno(["batch", str(src), "-o", str(out), "-m", str(model_dir)], env)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.splitlines()[0].startswith(f"inferno batch: {src}:2: {message}"), proc.stderr
+    assert sorted(line["id"] for line in lines_of(out)) == [1, 3]
+    strict = run_inferno(["batch", str(src), "-o", str(tmp_path / "strict.jsonl"), "--strict", "-m",
+                          str(model_dir)], env)
+    assert strict.returncode == 2 and not (tmp_path / "strict.jsonl").exists()
+
+
+def test_a_byte_order_mark_is_not_part_of_the_prompt(tmp_path, env, model_dir):
+    plain, marked = tmp_path / "plain.txt", tmp_path / "bom.txt"
+    plain.write_bytes(b"BOM prompt")
+    marked.write_bytes(b"\xef\xbb\xbfBOM prompt")
+    ids = [json.loads(run_inferno(["-f", str(p), "-n", "1", "-j", "-m", str(model_dir)], env).stdout)
+           ["prompt_ids"] for p in (plain, marked)]
+    assert ids[0] == ids[1]
+
+
+def test_a_mistyped_flag_gets_the_flag_it_resembles(env, model_dir):
+    proc = run_inferno(["--temprature", "1", "Hi", "-m", str(model_dir)], env)
+    assert_one_line_error(proc, "--temprature", "did you mean --temperature?")
+
+
+def test_a_word_like_a_subcommand_is_still_a_prompt_with_a_note(env, model_dir):
+    proc = run_inferno(["backend", "-m", str(model_dir), "-n", "2", "-j"], env)
+    assert proc.returncode == 0, proc.stderr
+    assert "did you mean 'inferno backends'?" in proc.stderr
+    quiet = run_inferno(["-m", str(model_dir), "-n", "2", "-j", "--", "backend"], env)
+    assert "did you mean" not in quiet.stderr
+    assert json.loads(proc.stdout)["prompt_ids"] == json.loads(quiet.stdout)["prompt_ids"]
+    far = run_inferno(["elephant", "-m", str(model_dir), "-n", "1"], env)
+    assert far.returncode == 0 and "did you mean" not in far.stderr
+
+
+def test_scoring_nothing_says_no_text_was_given(env, model_dir):
+    proc = run_inferno(["score", "-m", str(model_dir)], env, input="")
+    assert_one_line_error(proc, "no text given")
+
+
+def test_a_logprobs_flag_out_of_range_says_the_range_only(env, model_dir):
+    proc = run_inferno(["--logprobs", "21", "--json", "Hi", "-m", str(model_dir)], env)
+    assert_one_line_error(proc, "--logprobs: must be an integer in [0, 20], got 21")
+    assert "None" not in proc.stderr
