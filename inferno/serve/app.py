@@ -93,7 +93,8 @@ def _error_handlers(app: FastAPI) -> None:
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         detail = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-        return _response(ApiError(exc.status_code, detail, code=code, headers=exc.headers))
+        param = getattr(exc, "param", None)  # a BodyError names the field
+        return _response(ApiError(exc.status_code, detail, param=param, code=code, headers=exc.headers))
 
     @app.exception_handler(Exception)
     async def bug(request: Request, exc: Exception) -> JSONResponse:

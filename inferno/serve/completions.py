@@ -135,6 +135,23 @@ class Plan:
         return len(self.options)
 
 
+def _abbreviated(digits: str) -> str:
+    return digits if len(digits) <= 40 else f"{digits[:20]}...{digits[-20:]} ({len(digits)} digits)"
+
+
+def _bias(bias: dict[str, float], sample_limit: int) -> dict[int, float]:
+    """logit_bias with int keys; a key too long to be an id is refused before int() (which would
+    refuse more than sys.get_int_max_str_digits() digits with a ValueError)."""
+    out = {}
+    for key, value in bias.items():
+        digits = key.lstrip("0") or "0"
+        if len(digits) > len(str(sample_limit)):
+            raise ApiError(400, f"logit_bias names token id {_abbreviated(digits)}, outside the vocabulary "
+                           f"[0, {sample_limit})", param="logit_bias")
+        out[int(digits)] = value
+    return out
+
+
 def plan_request(req: CompletionRequest, *, eos_id: int, sample_limit: int, slots: int, queue: int) -> Plan:
     """Check what the schema cannot (unsupported fields, option rules, engine limits) and build the
     options; an `ApiError` (400) names the field."""
@@ -171,7 +188,7 @@ def plan_request(req: CompletionRequest, *, eos_id: int, sample_limit: int, slot
         repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
         presence_penalty=req.presence_penalty or 0.0,
         frequency_penalty=req.frequency_penalty or 0.0,
-        logit_bias=req.logit_bias or {},
+        logit_bias=_bias(req.logit_bias or {}, sample_limit),
         logprobs=req.logprobs,
     )
     try:

@@ -8,6 +8,7 @@ against the vocabulary, prompt lengths against the context) are checked when a r
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -39,7 +40,24 @@ def _integral(value: Any) -> Any:
 #: before them: else the JSON schema would lose them.
 JSON_INT = BeforeValidator(_integral)
 
+def _float_sized(value: Any) -> Any:
+    # JSON's integer 1e400 written out in digits is a number, but no float holds it: say so, not "not a
+    # valid number".
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > sys.float_info.max:
+        raise PydanticCustomError("finite_number", "Input should be a finite number (this one overflows a "
+                                  "64-bit float)")
+    return value
+
+
+#: After a float's constraints (as JSON_INT): an integer too large for a float is refused as such.
+JSON_FLOAT = BeforeValidator(_float_sized)
+
 TokenId = Annotated[int, Field(ge=0), JSON_INT]
+Temperature = Annotated[float, Field(ge=0, le=2), JSON_FLOAT]
+TopP = Annotated[float, Field(gt=0, le=1), JSON_FLOAT]
+Penalty = Annotated[float, Field(ge=-MAX_ABS_PENALTY, le=MAX_ABS_PENALTY), JSON_FLOAT]
+RepetitionPenalty = Annotated[float, Field(gt=0), JSON_FLOAT]
+Bias = Annotated[float, Field(ge=-MAX_ABS_BIAS, le=MAX_ABS_BIAS), JSON_FLOAT]
 TokenIds = Annotated[list[TokenId], Field(min_length=1)]
 StopString = Annotated[str, Field(min_length=1)]
 BiasKey = Annotated[str, StringConstraints(pattern=r"^[0-9]+$")]
@@ -47,6 +65,32 @@ Texts = Annotated[list[str], Field(min_length=1)]
 Prompt = str | Texts | TokenIds | Annotated[list[TokenIds], Field(min_length=1)]
 
 _PROMPT_FORMS = "a string, a list of strings, a list of token ids, or a list of token-id lists"
+
+
+def _stop_rule(value: Any, handler: Any) -> Any:
+    # A union reports one error per branch, under pydantic's names for them: say the rule once.
+    try:
+        return handler(value)
+    except ValidationError:
+        rule = f"must be a non-empty string or a list of at most {MAX_STOP_STRINGS} non-empty strings"
+        if isinstance(value, list) and len(value) > MAX_STOP_STRINGS:
+            rule += f"; got {len(value)} strings"
+        elif isinstance(value, list):
+            bad = next((k for k, s in enumerate(value) if not isinstance(s, str) or not s), None)
+            rule += f"; stop[{bad}] is {'empty' if value[bad] == '' else 'not a string'}"
+        raise PydanticCustomError("stop_rule", rule) from None
+
+
+def _bias_keys(value: Any, handler: Any) -> Any:
+    # A key that is not a token id in digits: pydantic would quote its regular expression.
+    try:
+        return handler(value)
+    except ValidationError as exc:
+        bad = next((e["loc"][0] for e in exc.errors() if e["loc"][-1:] == ("[key]",)), None)
+        if bad is None:
+            raise
+        raise PydanticCustomError("bias_key", "keys must be token ids in decimal digits, got {key}",
+                                  {"key": repr(bad)}) from None
 
 
 class _Request(BaseModel):
@@ -69,8 +113,8 @@ class CompletionRequest(_Request):
     max_tokens: Annotated[int, Field(ge=0), JSON_INT] | None = Field(
         None, description="New tokens per choice (default 16; 0 only with echo). Clamped to the context: "
         "a choice that reaches it ends with finish_reason \"length\".")
-    temperature: Annotated[float, Field(ge=0, le=2)] | None = Field(None, description="Default 1; 0: greedy.")
-    top_p: Annotated[float, Field(gt=0, le=1)] | None = Field(None, description="Nucleus mass (1, off).")
+    temperature: Temperature | None = Field(None, description="Default 1; 0: greedy.")
+    top_p: TopP | None = Field(None, description="Nucleus mass (1, off).")
     top_k: Annotated[int, Field(ge=-1), JSON_INT] | None = Field(
         None, description="Extension: keep the k most likely tokens (0 or -1: off, the default).")
     n: Annotated[int, Field(ge=1, le=MAX_N), JSON_INT] | None = Field(
@@ -86,11 +130,11 @@ class CompletionRequest(_Request):
         None, description="Log-probability of each token and of the N most likely alternatives.")
     echo: bool | None = Field(None, description="Return the prompt before the new text (its tokens' "
                               "logprobs too, as scored by the model; the first has none).")
-    presence_penalty: Annotated[float, Field(ge=-MAX_ABS_PENALTY, le=MAX_ABS_PENALTY)] | None = None
-    frequency_penalty: Annotated[float, Field(ge=-MAX_ABS_PENALTY, le=MAX_ABS_PENALTY)] | None = None
-    repetition_penalty: Annotated[float, Field(gt=0)] | None = Field(
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    repetition_penalty: RepetitionPenalty | None = Field(
         None, description="Extension: Hugging Face's repetition penalty (1: off, the default).")
-    logit_bias: dict[BiasKey, Annotated[float, Field(ge=-MAX_ABS_BIAS, le=MAX_ABS_BIAS)]] | None = Field(
+    logit_bias: dict[BiasKey, Bias] | None = Field(
         None, description="Token id (as a string) to a bias added to its logit; -100 bans it.")
     ignore_eos: bool | None = Field(None, description="Extension: keep generating past <|endoftext|>.")
     return_token_ids: bool | None = Field(
@@ -110,6 +154,16 @@ class CompletionRequest(_Request):
             return handler(value)
         except ValidationError:
             raise PydanticCustomError("prompt_type", f"must be {_PROMPT_FORMS} (none empty)") from None
+
+    @field_validator("stop", mode="wrap")
+    @classmethod
+    def _stop_rule(cls, value: Any, handler: Any) -> Any:
+        return _stop_rule(value, handler)
+
+    @field_validator("logit_bias", mode="wrap")
+    @classmethod
+    def _bias_keys(cls, value: Any, handler: Any) -> Any:
+        return _bias_keys(value, handler)
 
     @field_validator("best_of", mode="wrap")
     @classmethod
