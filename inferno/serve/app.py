@@ -33,7 +33,7 @@ from inferno.api import Pipeline
 from inferno.serve.bodies import validation_message
 from inferno.serve.config import ServeConfig
 from inferno.serve.errors import ApiError
-from inferno.serve.middleware import AccessLog, ApiKey, BodyLimit
+from inferno.serve.middleware import AccessLog, ApiKey, BodyLimit, HeadAsGet
 from inferno.serve.routes import ROUTERS
 from inferno.serve.routes.playground import mount_static
 from inferno.serve.state import ServerState
@@ -63,6 +63,7 @@ def create_app(config: ServeConfig | None = None, *, pipeline: Pipeline | None =
         app.include_router(router)
     mount_static(app)
     _clean_openapi(app)
+    app.add_middleware(HeadAsGet)
     app.add_middleware(BodyLimit, limit=config.max_body_bytes)
     if config.api_key:
         app.add_middleware(ApiKey, key=config.api_key)

@@ -1,4 +1,4 @@
-"""Pure ASGI middleware: the access log (outermost), the API key, the body size limit.
+"""Pure ASGI middleware: the access log (outermost), the API key, the body size limit, HEAD as GET.
 
 Pure ASGI rather than Starlette's BaseHTTPMiddleware, which would buffer or wrap streaming responses and
 hide the client's disconnect from the route.
@@ -168,3 +168,24 @@ class BodyLimit:
             return await receive()
 
         await self.app(scope, replay, send)
+
+
+class HeadAsGet:
+    """``HEAD`` of a route answers as its ``GET`` without the body (load balancers probe with HEAD):
+    the app sees a GET; the headers, Content-Length included, are the GET's."""
+
+    def __init__(self, app: App) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("method") != "HEAD":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_headers_only(message: Message) -> None:
+            if message["type"] == "http.response.body":
+                message = {**message, "body": b""}
+            await send(message)
+
+        # A copy: the server keeps its own scope, which says HEAD, and sends no body for it.
+        await self.app({**scope, "method": "GET"}, receive, send_headers_only)

@@ -1,6 +1,6 @@
 """Hostile input against a real `inferno serve` process (issue 29): huge digit strings in every numeric
 and id field, unparseable numbers and deep nesting, the rule and the field in validation errors, lone
-surrogates, an overflowing repetition penalty. No input may reach a 500; the log never holds a
+surrogates, HEAD probes, an overflowing repetition penalty. No input may reach a 500; the log never holds a
 traceback."""
 
 from __future__ import annotations
@@ -173,6 +173,25 @@ def test_raw_surrogate_bytes_are_refused_like_escaped_ones(http):
 def test_a_surrogate_pair_is_a_character(http):
     r = post(http, '{"prompt": "\\ud83d\\ude00", "max_tokens": 1, "echo": true}')
     assert r.status_code == 200 and r.json()["choices"][0]["text"].startswith("\U0001f600")
+
+
+# ------------------------------------------------------------------------------------------ HEAD
+
+
+@pytest.mark.parametrize("path", ["/health", "/v1/models", "/tokenizer_info", "/metrics", "/",
+                                  "/openapi.json"])
+def test_head_answers_as_get_without_a_body(http, path):
+    got = http.get(path)
+    head = http.head(path)
+    assert head.status_code == got.status_code == 200
+    assert head.content == b""
+    assert head.headers["content-type"] == got.headers["content-type"]
+    if path != "/metrics":  # the counters move between the two requests
+        assert head.headers["content-length"] == got.headers["content-length"]
+
+
+def test_head_of_a_post_route_is_405(http):
+    assert http.head("/v1/completions").status_code == 405
 
 
 # ----------------------------------------------------------------------------- infinite logits
