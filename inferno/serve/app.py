@@ -64,7 +64,7 @@ def create_app(config: ServeConfig | None = None, *, pipeline: Pipeline | None =
     mount_static(app)
     _clean_openapi(app)
     app.add_middleware(HeadAsGet)
-    app.add_middleware(BodyLimit, limit=config.max_body_bytes)
+    app.add_middleware(BodyLimit, limit=config.max_body_bytes, timeout=config.body_timeout)
     if config.api_key:
         app.add_middleware(ApiKey, key=config.api_key)
     # Metric labels: the known routes only, so that labels stay few.

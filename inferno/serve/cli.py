@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from inferno.engine import DEFAULT_PREFILL_CHUNK, DEFAULT_QUEUE, DEFAULT_SLOTS
-from inferno.serve.config import DEFAULT_MODEL_ID, ServeConfig
+from inferno.serve.config import BODY_TIMEOUT, DEFAULT_MODEL_ID, HEADER_TIMEOUT, MAX_CONNECTIONS, ServeConfig
 
 EXIT_USAGE = 2
 _EXTRA = ("fastapi", "uvicorn", "sse_starlette", "prometheus_client")
@@ -93,6 +93,13 @@ def _parser() -> argparse.ArgumentParser:
     arg("--log-prompts", action="store_true", help="put the prompt in each access log line")
     arg("--served-model-name", metavar="NAME", help="the model id in /v1/models and responses (default: "
         f"the --model-dir folder's name, else {DEFAULT_MODEL_ID!r})")
+    # Slow clients (issue 29): 0 turns a limit off.
+    arg("--timeout-headers", metavar="S", type=_seconds, default=HEADER_TIMEOUT, help="a request's headers "
+        f"must arrive within S seconds of its first byte, else 408 and closed ({HEADER_TIMEOUT:g})")
+    arg("--timeout-body", metavar="S", type=_seconds, default=BODY_TIMEOUT, help="a request's body must "
+        f"arrive within S seconds of its headers, else 408 ({BODY_TIMEOUT:g})")
+    arg("--max-connections", metavar="N", type=_int_at_least(0), default=MAX_CONNECTIONS, help="connections "
+        f"open at once; beyond, 503 and closed ({MAX_CONNECTIONS})")
     return p
 
 
@@ -165,11 +172,14 @@ def run_serve_cli(argv: Sequence[str]) -> int:
     import uvicorn
 
     from inferno.serve.app import create_app
+    from inferno.serve.protocol import guarded_protocol
 
     _logging()
     config = ServeConfig(model_dir=args.model_dir, backend=backend, model_id=model_id, slots=args.slots,
                          queue=args.queue, prefill_chunk=args.prefill_chunk, api_key=args.api_key,
-                         grace_seconds=args.grace_seconds, log_prompts=args.log_prompts)
+                         grace_seconds=args.grace_seconds, log_prompts=args.log_prompts,
+                         header_timeout=args.timeout_headers or None, body_timeout=args.timeout_body or None,
+                         max_connections=args.max_connections or None)
     app = create_app(config)
     state = app.state.inferno
 
@@ -181,7 +191,8 @@ def run_serve_cli(argv: Sequence[str]) -> int:
     # The streams get the grace period from us (then end as "cancelled"); uvicorn's own timeout is only
     # a backstop for connections that still will not close.
     server = Server(uvicorn.Config(app, log_level="info", access_log=False, lifespan="on",
-                                   timeout_graceful_shutdown=int(math.ceil(args.grace_seconds)) + 5))
+                                   timeout_graceful_shutdown=int(math.ceil(args.grace_seconds)) + 5,
+                                   http=guarded_protocol(config.header_timeout, config.max_connections)))
 
     def fatal() -> None:
         server.should_exit = True
