@@ -3,7 +3,8 @@
     from inferno.serve import ServeConfig, create_app
     app = create_app(ServeConfig(model_dir="gpt2", slots=8))     # then: uvicorn.run(app)
 
-Routes (`inferno.serve.routes`): ``POST /v1/completions``, ``GET /v1/models``, ``GET /health``,
+Routes (`inferno.serve.routes`): ``POST /v1/completions``, ``POST /v1/chat/completions``,
+``GET /v1/models``, ``GET /health``,
 ``POST /tokenize``, ``POST /detokenize``, ``GET /tokenizer_info``, ``GET /metrics`` (and
 ``/openapi.json``, ``/docs``); ``GET /`` and ``/static/*`` are the playground, which need no API key.
 The model loads in the background (`inferno.serve.state`); a client that disconnects while queued or
@@ -56,7 +57,8 @@ def create_app(config: ServeConfig | None = None, *, pipeline: Pipeline | None =
             state.close()
 
     app = FastAPI(title="inferno", version=__version__, lifespan=lifespan,
-                  description="OpenAI-compatible completions from GPT-2 on the CPU (continuous batching).")
+                  description="OpenAI-compatible completions and chat completions from GPT-2 on the CPU "
+                  "(continuous batching).")
     app.state.inferno = state
     _error_handlers(app)
     for router in ROUTERS:

@@ -197,6 +197,8 @@ def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
         return f"invalid JSON in the request body{where}: {reason}".rstrip(": "), None
     loc = tuple(e.get("loc", ()))
     param, on_key = _client_path(loc, exc.body)
+    if kind == "missing" and param and isinstance(loc[-1], str):  # the field that is not there
+        return f"{_path(param, loc[-1])} is required", _path(param, loc[-1])
     if not param:
         if kind == "missing" and len(loc) > 1:  # a required field: it is not in the body to be found
             param = ".".join(str(x) for x in loc if x != "body")

@@ -100,6 +100,8 @@ def _parser() -> argparse.ArgumentParser:
         f"arrive within S seconds of its headers, else 408 ({BODY_TIMEOUT:g})")
     arg("--max-connections", metavar="N", type=_int_at_least(0), default=MAX_CONNECTIONS, help="connections "
         f"open at once; beyond, 503 and closed ({MAX_CONNECTIONS})")
+    arg("--chat-template", metavar="FILE", help="a Jinja2 chat template in Hugging Face's format for "
+        "/v1/chat/completions (default: 'User: ...' / 'Assistant:' lines; see docs/serving.md)")
     return p
 
 
@@ -160,6 +162,14 @@ def run_serve_cli(argv: Sequence[str]) -> int:
         threads = args.threads is not None and isinstance(exc, BackendOptionError)
         flag = "--threads" if threads else "--backend"
         return _fail(f"{flag}: {exc}")
+    template = None
+    if args.chat_template is not None:
+        from inferno.serve.chat_template import ChatTemplateError, read_chat_template
+
+        try:
+            template = read_chat_template(args.chat_template)
+        except ChatTemplateError as exc:
+            return _fail(f"--chat-template: {exc}")
     if args.model_dir is not None and not Path(args.model_dir).expanduser().is_dir():
         return _fail(f"--model-dir: {args.model_dir} is not a folder")
     model_id = args.served_model_name or (Path(args.model_dir).expanduser().resolve().name
@@ -179,7 +189,7 @@ def run_serve_cli(argv: Sequence[str]) -> int:
                          queue=args.queue, prefill_chunk=args.prefill_chunk, api_key=args.api_key,
                          grace_seconds=args.grace_seconds, log_prompts=args.log_prompts,
                          header_timeout=args.timeout_headers or None, body_timeout=args.timeout_body or None,
-                         max_connections=args.max_connections or None)
+                         max_connections=args.max_connections or None, chat_template=template)
     app = create_app(config)
     state = app.state.inferno
 

@@ -32,8 +32,10 @@ class ServeConfig:
     `slots`, `queue` and `prefill_chunk` to `Pipeline.engine`. `model_id` is what /v1/models lists and
     every response's ``model`` says (requests may name any model: there is only one). `grace_seconds`:
     on SIGTERM, running requests may finish for this long before they are ended ("cancelled").
-    `body_timeout` is applied by the app; `header_timeout` and `max_connections` by the HTTP server
-    (`inferno.serve.protocol`), since no app sees a request before its headers are complete.
+    `chat_template`: the text of a Jinja2 chat template in Hugging Face's format (None: the plain
+    default of `inferno.serve.chat_template`). `body_timeout` is applied by the app; `header_timeout`
+    and `max_connections` by the HTTP server (`inferno.serve.protocol`), since no app sees a request
+    before its headers are complete.
     """
 
     model_dir: str | None = None
@@ -50,3 +52,4 @@ class ServeConfig:
     header_timeout: float | None = HEADER_TIMEOUT
     body_timeout: float | None = BODY_TIMEOUT
     max_connections: int | None = MAX_CONNECTIONS
+    chat_template: str | None = None

@@ -21,6 +21,7 @@ from inferno.api import Pipeline
 from inferno.engine import Engine, EngineClosedError, EngineError, Handle, QueueFullError
 from inferno.generate import GenerationError
 from inferno.options import OptionError
+from inferno.serve.chat_template import ChatTemplate, JinjaChatTemplate
 from inferno.serve.completions import Completion, EchoPart, Plan, TokenTexts, echo_part
 from inferno.serve.config import ServeConfig
 from inferno.serve.errors import ApiError
@@ -37,6 +38,7 @@ class ServerState:
         self.pipe: Pipeline | None = None
         self.engine: Engine | None = None
         self.texts: TokenTexts | None = None
+        self.chat_template: ChatTemplate | None = None
         self.status = "loading"  # then "ok" or "failed"
         self.load_error: str | None = None
         self.draining = False
@@ -46,6 +48,8 @@ class ServerState:
         #: Called (on the event loop) when the model fails to load: the CLI stops the server.
         self.on_fatal: Callable[[], None] | None = None
         self._pipeline = pipeline
+        if config.chat_template is not None:  # a template that does not compile fails create_app
+            JinjaChatTemplate(config.chat_template, bos_token="", eos_token="")
         self._completions: set[Completion] = set()
         # Scoring (echo) runs in worker threads besides the engine's; one at a time bounds its memory.
         self._score_lock = threading.Lock()
@@ -77,11 +81,19 @@ class ServerState:
         c = self.config
         self.engine = pipe.engine(slots=c.slots, max_queue=c.queue, prefill_chunk=c.prefill_chunk)
         self.texts = TokenTexts(pipe.tokenizer)
+        self.chat_template = self._chat_template(pipe)
         self.pipe = pipe
         self.status = "ok"  # last: routes check it before using the rest
         logger.info("inferno serve: model %s ready (%s backend, %d layers, context %d; %d slots) in %.1fs",
                     c.model_id, pipe.backend.name, pipe.config.n_layer, pipe.config.n_positions, c.slots,
                     seconds)
+
+    def _chat_template(self, pipe: Pipeline) -> ChatTemplate:
+        if self.config.chat_template is None:
+            return ChatTemplate()
+        names = {i: t for t, i in pipe.tokenizer.special_tokens.items()}
+        eos = names.get(pipe.config.eos_token_id, "")
+        return JinjaChatTemplate(self.config.chat_template, bos_token=eos, eos_token=eos)
 
     def begin_shutdown(self) -> None:
         """Refuse new requests from now on; end the running ones after the grace period. Safe to call

@@ -80,6 +80,14 @@ NUMBER_SLOTS = [
     ("/v1/completions", '{"prompt": [{}], "max_tokens": 1}'),
     ("/v1/completions", '{"prompt": [[1, {}]], "max_tokens": 1}'),
     ("/detokenize", '{"tokens": [{}]}'),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "a"}], "max_tokens": {}}'),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "a"}], "max_tokens": 1, '
+     '"max_completion_tokens": {}}'),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "a"}], "max_tokens": 1, '
+     '"logprobs": true, "top_logprobs": {}}'),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "a"}], "max_tokens": 1, "seed": {}}'),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "a"}], "max_tokens": 1, '
+     '"logit_bias": {"{}": 1}}'),
 ]
 
 digit_runs = st.integers(1, 9000).map(lambda n: "9" * n) | st.integers(1, 9000).map(lambda n: "1" + "0" * n)
@@ -157,6 +165,11 @@ def test_errors_say_the_rule_and_name_the_field_as_sent(http, field, value, para
     ("/v1/completions", '{"prompt": "a", "user": "\\ud800", "max_tokens": 1}', "user"),
     ("/v1/completions", '{"prompt": "a", "logit_bias": {"\\ud800": 1}, "max_tokens": 1}', "logit_bias"),
     ("/tokenize", '{"content": "\\ud800"}', "content"),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi \\ud800"}]}',
+     "messages[0].content"),
+    ("/v1/chat/completions",
+     '{"messages": [{"role": "user", "content": [{"type": "text", "text": "\\udc00"}]}]}',
+     "messages[0].content[0].text"),
 ])
 def test_escaped_lone_surrogates_are_refused_naming_the_field(http, path, body, param):
     e = error(post(http, body, path))
