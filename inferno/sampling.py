@@ -50,6 +50,16 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
+def _tame(z: np.ndarray) -> np.ndarray:
+    """`z` (float64) with a finite maximum: when the largest logit is infinite, the tokens that hold it
+    share all the mass (logit 0) and the rest have none (-inf), as greedy's argmax picks among them.
+    (+inf: a penalty overflowed; all -inf: nothing is favoured, so every token is equally likely.)"""
+    m = z.max()
+    if math.isfinite(m):
+        return z
+    return np.where(z == m, 0.0, -np.inf)
+
+
 class Sampler:
     """Picks token ids; the same params and seed give the same choices for the same logits."""
 
@@ -66,7 +76,7 @@ class Sampler:
         p = self.params
         # Work in float64 so that top-p sums and the draw do not depend on float32 rounding; subtract
         # the maximum before dividing so that a tiny temperature cannot overflow to inf - inf.
-        z = np.asarray(logits, dtype=np.float64)
+        z = _tame(np.asarray(logits, dtype=np.float64))
         with np.errstate(over="ignore"):  # far below the maximum at a tiny temperature: -inf, weight 0
             z = (z - z.max()) / (p.temperature or 1.0)
         ids = np.arange(z.shape[0])
@@ -90,7 +100,7 @@ class Sampler:
         if not p.top_k and p.top_p >= 1.0:
             # No cut: the distribution over every id in order, built in place in one float64 array
             # (the same draw as `distribution` gives, with a fraction of its passes over the vocabulary).
-            z = np.array(logits, dtype=np.float64)
+            z = _tame(np.array(logits, dtype=np.float64))
             z -= z.max()
             if p.temperature != 1.0:
                 with np.errstate(over="ignore"):

@@ -251,3 +251,50 @@ def test_tiny_temperature_is_almost_greedy():
     for t in (1e-3, 1e-200, 1e-320):
         assert Sampler(SamplingParams(temperature=t, seed=0))(logits) == int(np.argmax(logits))
         assert Sampler(SamplingParams(temperature=t, top_k=5, seed=0))(logits) == int(np.argmax(logits))
+
+
+# ------------------------------------------------------------------------------ infinite logits
+# A repetition penalty of 1e-310 divides a seen token's logit into +inf (issue 29, bug 3): every path
+# puts all the mass on the +inf tokens, as greedy does; -inf tokens are never drawn.
+
+INF_PARAMS = [dict(temperature=0.0), dict(temperature=1.0), dict(temperature=0.7),
+              dict(temperature=1.0, top_k=3), dict(temperature=1.0, top_p=0.75),
+              dict(temperature=1.3, top_k=50, top_p=0.9)]
+
+
+@pytest.mark.parametrize("kwargs", INF_PARAMS, ids=lambda k: ",".join(f"{a}={b}" for a, b in k.items()))
+def test_plus_infinite_logits_take_all_the_mass(kwargs):
+    logits = np.random.default_rng(3).standard_normal(100)
+    logits[[17, 60]] = np.inf
+    logits[[0, 99]] = -np.inf
+    sampler = Sampler(SamplingParams(seed=0, **kwargs))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no inf - inf on the way
+        drawn = {sampler(logits) for _ in range(200)}
+    assert drawn <= {17, 60}
+    if kwargs["temperature"] and kwargs.get("top_k", 3) >= 2:
+        assert drawn == {17, 60}  # the +inf tokens share the mass
+    if kwargs["temperature"]:
+        ids, probs = sampler.distribution(logits)
+        kept = probs > 0
+        assert dict(zip(ids[kept].tolist(), probs[kept].tolist(), strict=True)) == {17: 0.5, 60: 0.5}
+
+
+@pytest.mark.parametrize("kwargs", INF_PARAMS, ids=lambda k: ",".join(f"{a}={b}" for a, b in k.items()))
+def test_minus_infinite_logits_are_never_drawn(kwargs):
+    logits = np.array([-np.inf, np.log(0.25), -np.inf, np.log(0.75), -np.inf])
+    sampler = Sampler(SamplingParams(seed=1, **kwargs))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        drawn = [sampler(logits) for _ in range(400)]
+    assert set(drawn) <= {1, 3}
+    if kwargs["temperature"] == 1.0 and "top_k" not in kwargs and "top_p" not in kwargs:
+        assert 0.65 < drawn.count(3) / len(drawn) < 0.85
+
+
+@pytest.mark.parametrize("kwargs", INF_PARAMS, ids=lambda k: ",".join(f"{a}={b}" for a, b in k.items()))
+def test_all_minus_infinite_logits_still_give_a_token(kwargs):
+    sampler = Sampler(SamplingParams(seed=2, **kwargs))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert all(0 <= sampler(np.full(8, -np.inf)) < 8 for _ in range(20))

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 from inferno.cli._args import EXIT_USAGE, Parser, add_model_args
 from inferno.engine import DEFAULT_PREFILL_CHUNK, DEFAULT_QUEUE, DEFAULT_SLOTS
-from inferno.serve.config import ServeConfig
+from inferno.serve.config import BODY_TIMEOUT, HEADER_TIMEOUT, MAX_CONNECTIONS, ServeConfig
 
 _EXTRA = ("fastapi", "uvicorn", "sse_starlette", "prometheus_client")
 
@@ -81,6 +81,15 @@ def _parser() -> argparse.ArgumentParser:
     arg("--log-prompts", action="store_true", help="put the prompt in each access log line")
     arg("--served-model-name", metavar="NAME", help="the model id in /v1/models and responses (default: "
         "the Hub repo id, the folder's name, or random)")
+    # Slow clients (issue 29): 0 turns a limit off.
+    arg("--timeout-headers", metavar="S", type=_seconds, default=HEADER_TIMEOUT, help="a request's headers "
+        f"must arrive within S seconds of its first byte, else 408 and closed ({HEADER_TIMEOUT:g})")
+    arg("--timeout-body", metavar="S", type=_seconds, default=BODY_TIMEOUT, help="a request's body must "
+        f"arrive within S seconds of its headers, else 408 ({BODY_TIMEOUT:g})")
+    arg("--max-connections", metavar="N", type=_int_at_least(0), default=MAX_CONNECTIONS, help="connections "
+        f"open at once; beyond, 503 and closed ({MAX_CONNECTIONS})")
+    arg("--chat-template", metavar="FILE", help="a Jinja2 chat template in Hugging Face's format for "
+        "/v1/chat/completions (default: 'User: ...' / 'Assistant:' lines; see docs/serving.md)")
     return p
 
 
@@ -142,6 +151,14 @@ def run(argv: Sequence[str]) -> int:
         threads = args.threads is not None and isinstance(exc, BackendOptionError)
         flag = "--threads" if threads else "--backend"
         return _fail(f"{flag}: {exc}")
+    template = None
+    if args.chat_template is not None:
+        from inferno.serve.chat_template import ChatTemplateError, read_chat_template
+
+        try:
+            template = read_chat_template(args.chat_template)
+        except ChatTemplateError as exc:
+            return _fail(f"--chat-template: {exc}")
     from inferno.hub import ModelNameError, parse_model_name
 
     try:  # the name is checked here; the files are found (or downloaded) as the model loads
@@ -159,11 +176,14 @@ def run(argv: Sequence[str]) -> int:
     import uvicorn
 
     from inferno.serve import create_app
+    from inferno.serve.protocol import guarded_protocol
 
     _logging()
     config = ServeConfig(model_dir=args.model_dir, backend=backend, model_id=model_id, slots=args.slots,
                          queue=args.queue, prefill_chunk=args.prefill_chunk, api_key=args.api_key,
-                         grace_seconds=args.grace_seconds, log_prompts=args.log_prompts)
+                         grace_seconds=args.grace_seconds, log_prompts=args.log_prompts,
+                         header_timeout=args.timeout_headers or None, body_timeout=args.timeout_body or None,
+                         max_connections=args.max_connections or None, chat_template=template)
     app = create_app(config)
     state = app.state.inferno
 
@@ -175,7 +195,8 @@ def run(argv: Sequence[str]) -> int:
     # The streams get the grace period from us (then end as "cancelled"); uvicorn's own timeout is only
     # a backstop for connections that still will not close.
     server = Server(uvicorn.Config(app, log_level="info", access_log=False, lifespan="on",
-                                   timeout_graceful_shutdown=int(math.ceil(args.grace_seconds)) + 5))
+                                   timeout_graceful_shutdown=int(math.ceil(args.grace_seconds)) + 5,
+                                   http=guarded_protocol(config.header_timeout, config.max_connections)))
 
     def fatal() -> None:
         server.should_exit = True

@@ -5,10 +5,14 @@
     curl -N localhost:8000/v1/completions -H 'content-type: application/json' \\
          -d '{"prompt": "The quick brown fox", "max_tokens": 20, "stream": true}'
 
-Modules: `config` (the settings, no third-party imports), `schemas` (pydantic request and response
-models: the OpenAPI document), `completions` (a request's prompts and options, its choices, logprobs and
-chunks), `app` (the FastAPI app factory: routes, errors, lifecycle), `middleware` (body limit, API key,
-access log), `metrics` (Prometheus), `cli` (``run_serve_cli``).
+Modules: `config` (the settings, no third-party imports), `schemas` (the protocol: pydantic request and
+response models, the OpenAPI document), `completions` (a request's prompts and options, its choices,
+logprobs and chunks), `chat` and `chat_template` (chat completions: messages to a prompt, chat's
+shapes of the same choices), `protocol` (uvicorn's h11 protocol with a header deadline and a
+connection cap), `state` (the model, its engine and the requests in flight), `routes` (one
+`APIRouter` a concern), `bodies` (strict JSON bodies, validation messages), `sse` (Server-Sent Events),
+`app` (`create_app`: routers, errors, middleware), `middleware` (body limit, API key, access log),
+`metrics` (Prometheus), `cli` (``run_serve_cli``).
 
 Only `config` and `cli` may be imported without the ``serve`` extra: everything else imports FastAPI,
 and nothing in the core imports this package.

@@ -43,10 +43,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inferno.engine import Handle
-from inferno.options import GenerationOptions, OptionError, Step
+from inferno.options import GenerationOptions, OptionError, Step, TokenLogprob
 from inferno.scoring import ScoreResult
 from inferno.serve.errors import ApiError
-from inferno.serve.schemas import CompletionRequest
+from inferno.serve.schemas import CompletionRequest, GenerationRequest
 from inferno.tokenizer import Tokenizer
 
 DEFAULT_MAX_TOKENS = 16
@@ -74,16 +74,23 @@ class TokenTexts:
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         get = _token_bytes(tokenizer)
-        texts = []
+        texts, raw = [], []
         for i in range(tokenizer.vocab_size):
             try:
-                texts.append(token_text(get(i)))
+                raw.append(get(i))
+                texts.append(token_text(raw[-1]))
             except ValueError:  # an id no token uses (a sparse vocabulary): never sampled or accepted
+                raw.append(b"")
                 texts.append(f"token_id:{i}")
         self._texts = texts
+        self._bytes = raw
 
     def __getitem__(self, i: int) -> str:
         return self._texts[i]
+
+    def bytes_of(self, i: int) -> bytes:
+        """The token's bytes (empty for an id no token uses)."""
+        return self._bytes[i]
 
     def __len__(self) -> int:
         return len(self._texts)
@@ -93,14 +100,14 @@ class TokenTexts:
 MIN_LOGPROB = -9999.0
 
 
-def _lp(value: float) -> float:
+def clamp_logprob(value: float) -> float:
     return value if value > MIN_LOGPROB else MIN_LOGPROB
 
 
 def _top(texts: TokenTexts, chosen: int, chosen_lp: float, top: Sequence[tuple[int, float]] | None,
          ) -> dict[str, float]:
-    out = {texts[i]: _lp(lp) for i, lp in top or ()}
-    out.setdefault(texts[chosen], _lp(chosen_lp))  # the chosen token, when it is not among the top N
+    out = {texts[i]: clamp_logprob(lp) for i, lp in top or ()}
+    out.setdefault(texts[chosen], clamp_logprob(chosen_lp))  # the chosen token, when not among the top N
     return out
 
 
@@ -135,13 +142,64 @@ class Plan:
         return len(self.options)
 
 
+def _abbreviated(digits: str) -> str:
+    return digits if len(digits) <= 40 else f"{digits[:20]}...{digits[-20:]} ({len(digits)} digits)"
+
+
+def _bias(bias: dict[str, float], sample_limit: int) -> dict[int, float]:
+    """logit_bias with int keys; a key too long to be an id is refused before int() (which would
+    refuse more than sys.get_int_max_str_digits() digits with a ValueError)."""
+    out = {}
+    for key, value in bias.items():
+        digits = key.lstrip("0") or "0"
+        if len(digits) > len(str(sample_limit)):
+            raise ApiError(400, f"logit_bias names token id {_abbreviated(digits)}, outside the vocabulary "
+                           f"[0, {sample_limit})", param="logit_bias")
+        out[int(digits)] = value
+    return out
+
+
+def check_n(req: GenerationRequest, slots: int) -> int:
+    n = req.n or 1
+    if n > slots:
+        raise ApiError(400, f"n={n} needs {n} KV slots at once; this server has {slots} (--slots)", param="n")
+    return n
+
+
+def choice_options(req: GenerationRequest, *, n: int, logprobs: int | None, sample_limit: int,
+                   extra_stop: Sequence[str] = ()) -> list[GenerationOptions]:
+    """The options of a prompt's n choices (choice j samples with seed + j), from the fields every
+    generation request shares; an `ApiError` (400) names the field."""
+    top_k = req.top_k or 0
+    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or ())
+    base = dict(
+        temperature=DEFAULT_TEMPERATURE if req.temperature is None else req.temperature,
+        top_k=0 if top_k == -1 else top_k,
+        top_p=1.0 if req.top_p is None else req.top_p,
+        stop=(*stop, *extra_stop),
+        stop_ids=req.stop_token_ids or (),
+        repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+        presence_penalty=req.presence_penalty or 0.0,
+        frequency_penalty=req.frequency_penalty or 0.0,
+        logit_bias=_bias(req.logit_bias or {}, sample_limit),
+        logprobs=logprobs,
+    )
+    try:
+        seeds = [None if req.seed is None else req.seed + j for j in range(n)]
+        options = [GenerationOptions(**base, seed=seed) for seed in seeds]
+        options[0].check_vocab(sample_limit)
+    except OptionError as exc:
+        name = exc.field.split("[")[0]
+        param = _PARAMS.get(name, name)
+        raise ApiError(400, f"{param} {exc.reason}", param=param) from None
+    return options
+
+
 def plan_request(req: CompletionRequest, *, eos_id: int, sample_limit: int, slots: int, queue: int) -> Plan:
     """Check what the schema cannot (unsupported fields, option rules, engine limits) and build the
     options; an `ApiError` (400) names the field."""
     # (best_of other than 1 and a suffix are refused by the schema.)
-    n = req.n or 1
-    if n > slots:
-        raise ApiError(400, f"n={n} needs {n} KV slots at once; this server has {slots} (--slots)", param="n")
+    n = check_n(req, slots)
     echo = bool(req.echo)
     max_tokens = DEFAULT_MAX_TOKENS if req.max_tokens is None else req.max_tokens
     if max_tokens == 0 and not echo:
@@ -160,48 +218,32 @@ def plan_request(req: CompletionRequest, *, eos_id: int, sample_limit: int, slot
     if len(prompts) > queue:
         raise ApiError(400, f"at most {queue} prompts per request (the wait queue holds {queue}, --queue); "
                        f"got {len(prompts)}", param="prompt")
-
-    top_k = req.top_k or 0
-    base = dict(
-        temperature=DEFAULT_TEMPERATURE if req.temperature is None else req.temperature,
-        top_k=0 if top_k == -1 else top_k,
-        top_p=1.0 if req.top_p is None else req.top_p,
-        stop=req.stop or (),
-        stop_ids=req.stop_token_ids or (),
-        repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
-        presence_penalty=req.presence_penalty or 0.0,
-        frequency_penalty=req.frequency_penalty or 0.0,
-        logit_bias=req.logit_bias or {},
-        logprobs=req.logprobs,
-    )
-    try:
-        seeds = [None if req.seed is None else req.seed + j for j in range(n)]
-        options = [GenerationOptions(**base, seed=seed) for seed in seeds]
-        options[0].check_vocab(sample_limit)
-    except OptionError as exc:
-        name = exc.field.split("[")[0]
-        param = _PARAMS.get(name, name)
-        raise ApiError(400, f"{param} {exc.reason}", param=param) from None
-    usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
+    options = choice_options(req, n=n, logprobs=req.logprobs, sample_limit=sample_limit)
     return Plan(prompts, options, max_tokens, () if req.ignore_eos else (eos_id,), echo, req.logprobs,
-                bool(req.stream), usage, bool(req.return_token_ids))
+                bool(req.stream), include_usage(req), bool(req.return_token_ids))
 
 
-def encode_prompts(plan: Plan, tokenizer: Tokenizer, *, eos_id: int, sample_limit: int, context: int) -> None:
+def include_usage(req: GenerationRequest) -> bool:
+    return bool(req.stream and req.stream_options and req.stream_options.include_usage)
+
+
+def encode_prompts(plan: Plan, tokenizer: Tokenizer, *, eos_id: int, sample_limit: int, context: int,
+                   field: str = "prompt") -> None:
     """Token ids of every prompt (text: <|endoftext|> is the special token; empty: <|endoftext|>),
-    checked against the vocabulary and the context. Runs in a worker thread: a long text takes a while."""
+    checked against the vocabulary and the context; errors name `field`. Runs in a worker thread: a
+    long text takes a while."""
     ids_list = []
     for k, prompt in enumerate(plan.prompts):
-        where = "prompt" if len(plan.prompts) == 1 else f"prompt[{k}]"
+        where = field if len(plan.prompts) == 1 else f"{field}[{k}]"
         ids = tokenizer.encode(prompt, allow_special=True) if isinstance(prompt, str) else prompt
         ids = ids or [eos_id]
         bad = next((i for i in ids if not 0 <= i < sample_limit), None)
         if bad is not None:
             raise ApiError(400, f"{where}: token id {bad} is outside the vocabulary [0, {sample_limit})",
-                           param="prompt")
+                           param=field)
         if len(ids) > context:
             raise ApiError(400, f"This model's maximum context length is {context} tokens, but {where} is "
-                           f"{len(ids)} tokens long; shorten it", param="prompt",
+                           f"{len(ids)} tokens long; shorten it", param=field,
                            code="context_length_exceeded")
         ids_list.append(ids)
     plan.ids = ids_list
@@ -231,7 +273,7 @@ def echo_part(ids: list[int], tokenizer: Tokenizer, texts: TokenTexts, score: Sc
     for k in range(1, len(ids)):
         lp = score.logprobs[k]
         top = score.top[k] if score.top is not None else None
-        token_lps.append(_lp(lp))
+        token_lps.append(clamp_logprob(lp))
         tops.append(_top(texts, ids[k], lp, top))
         top_ids.append(_top_ids(ids[k], top))
     out = {"tokens": [texts[i] for i in ids], "token_logprobs": token_lps, "top_logprobs": tops,
@@ -263,20 +305,63 @@ class _Choice:
     sent: int = 0  # characters of the new text released so far
     finish_reason: str | None = None
     last_token_at: float | None = None
-    lps: dict | None = None  # the accumulated logprobs lists (collect)
+    lps: Any = None  # the accumulated logprobs (collect), in the format's shape
+
+
+class Format:
+    """How a completion's choices are written: OpenAI's legacy completions (this class), or chat
+    (`inferno.serve.chat.ChatFormat`). `Completion` runs the choices; a format only shapes them."""
+
+    id_prefix = "cmpl-"
+    object = "text_completion"
+    chunk_object = "text_completion"
+
+    def __init__(self, texts: TokenTexts, return_ids: bool = False) -> None:
+        self.texts = texts
+        self.return_ids = return_ids
+
+    def token_logprobs(self, t: TokenLogprob, text_offset: int) -> Any:
+        """One new token's logprobs, as `extend` adds them to `empty_logprobs()`."""
+        lp = {"tokens": [self.texts[t.id]], "token_logprobs": [clamp_logprob(t.logprob)],
+              "top_logprobs": [_top(self.texts, t.id, t.logprob, t.top)], "text_offset": [text_offset]}
+        if self.return_ids:
+            lp.update(token_ids=[t.id], top_token_ids=[_top_ids(t.id, t.top)])
+        return lp
+
+    def empty_logprobs(self) -> Any:
+        lps: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        if self.return_ids:
+            lps.update(token_ids=[], top_token_ids=[])
+        return lps
+
+    def extend(self, lps: Any, more: Any) -> None:
+        for key, values in more.items():
+            lps[key].extend(values)
+
+    def opening(self, index: int) -> dict | None:
+        """A choice's first chunk before its text (chat: its role), or None."""
+        return None
+
+    def chunk_choice(self, index: int, text: str, lp: Any, finish_reason: str | None) -> dict:
+        return {"index": index, "text": text, "logprobs": lp, "finish_reason": finish_reason}
+
+    def choice(self, index: int, text: str, lps: Any, finish_reason: str | None) -> dict:
+        return {"text": text, "index": index, "logprobs": lps, "finish_reason": finish_reason}
 
 
 class Completion:
     """The choices of one request, running in the engine: `stream()` or `collect()` them, once."""
 
     def __init__(self, plan: Plan, handles: list[Handle], echoes: list[EchoPart] | None, texts: TokenTexts,
-                 model_id: str, observer: Observer | None = None, started: float | None = None) -> None:
+                 model_id: str, observer: Observer | None = None, started: float | None = None,
+                 fmt: Format | None = None) -> None:
         self.plan = plan
         self.texts = texts
         self.model_id = model_id
         self.observer = observer or Observer()
         self.started = time.perf_counter() if started is None else started
-        self.id = f"cmpl-{uuid.uuid4().hex}"
+        self.fmt = fmt or Format(texts, plan.return_ids)
+        self.id = f"{self.fmt.id_prefix}{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.echoes = echoes
         n = plan.n
@@ -337,8 +422,8 @@ class Completion:
         finally:
             self.cancel()
 
-    def _token(self, c: _Choice, step: Step) -> tuple[str, dict | None]:
-        """Account for one new token of choice c: its released text and its logprobs lists."""
+    def _token(self, c: _Choice, step: Step) -> tuple[str, Any]:
+        """Account for one new token of choice c: its released text and its logprobs (or None)."""
         now = time.perf_counter()
         if c.last_token_at is None:
             self.observer.first_token(now - self.started)
@@ -346,13 +431,7 @@ class Completion:
             self.observer.next_token(now - c.last_token_at)
         c.last_token_at = now
         self.observer.tokens(1)
-        lp = None
-        if step.logprob is not None:
-            t = step.logprob
-            lp = {"tokens": [self.texts[t.id]], "token_logprobs": [_lp(t.logprob)],
-                  "top_logprobs": [_top(self.texts, t.id, t.logprob, t.top)], "text_offset": [c.text_len]}
-            if self.plan.return_ids:
-                lp.update(token_ids=[t.id], top_token_ids=[_top_ids(t.id, t.top)])
+        lp = None if step.logprob is None else self.fmt.token_logprobs(step.logprob, c.text_len)
         c.text_len += len(step.text)
         c.sent += len(step.text)
         if step.finish_reason is not None:
@@ -372,7 +451,7 @@ class Completion:
 
     # -- streaming
     def _chunk(self, choices: list[dict], usage: dict | None = None) -> str:
-        out: dict[str, Any] = {"id": self.id, "object": "text_completion", "created": self.created,
+        out: dict[str, Any] = {"id": self.id, "object": self.fmt.chunk_object, "created": self.created,
                                "model": self.model_id, "choices": choices}
         if self.plan.include_usage:
             out["usage"] = usage
@@ -381,24 +460,25 @@ class Completion:
     async def stream(self) -> AsyncIterator[str]:
         """The SSE data of each event: chunks, the usage chunk (include_usage), then ``[DONE]``. An engine
         failure after the stream started is an error event."""
+        fmt = self.fmt
         try:
-            if self.echoes is not None:
-                for c in self.choices:
+            for c in self.choices:
+                opening = fmt.opening(c.index)
+                if opening is not None:
+                    yield self._chunk([opening])
+                if self.echoes is not None:
                     echo = self.echoes[c.prompt]
                     c.text_len = len(echo.text)
-                    yield self._chunk([{"index": c.index, "text": echo.text, "logprobs": echo.logprobs,
-                                        "finish_reason": None}])
+                    yield self._chunk([fmt.chunk_choice(c.index, echo.text, echo.logprobs, None)])
             async for c, step in self._events():
                 if step is None:
                     tail = self._end(c)
                     if tail is not None:
-                        yield self._chunk([{"index": c.index, "text": tail, "logprobs": None,
-                                            "finish_reason": c.finish_reason}])
+                        yield self._chunk([fmt.chunk_choice(c.index, tail, None, c.finish_reason)])
                     continue
                 text, lp = self._token(c, step)
                 if text or lp is not None or step.finish_reason is not None:
-                    yield self._chunk([{"index": c.index, "text": text, "logprobs": lp,
-                                        "finish_reason": step.finish_reason}])
+                    yield self._chunk([fmt.chunk_choice(c.index, text, lp, step.finish_reason)])
             if self.plan.include_usage:
                 yield self._chunk([], self.usage())
         except Exception as exc:  # after the headers: the client learns of it in the stream
@@ -408,18 +488,16 @@ class Completion:
     # -- one response
     async def collect(self) -> dict:
         """The whole response once every choice has ended."""
+        fmt = self.fmt
         want_lp = self.plan.logprobs is not None
         for c in self.choices:
             if want_lp:
-                c.lps = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-                if self.plan.return_ids:
-                    c.lps.update(token_ids=[], top_token_ids=[])
+                c.lps = fmt.empty_logprobs()
             if self.echoes is not None:
                 echo = self.echoes[c.prompt]
                 c.text_len = len(echo.text)
                 if want_lp:
-                    for key, values in echo.logprobs.items():
-                        c.lps[key].extend(values)
+                    fmt.extend(c.lps, echo.logprobs)
         try:
             async for c, step in self._events():
                 if step is None:
@@ -427,8 +505,7 @@ class Completion:
                     continue
                 _, lp = self._token(c, step)
                 if lp is not None and c.lps is not None:
-                    for key, values in lp.items():
-                        c.lps[key].extend(values)
+                    fmt.extend(c.lps, lp)
         except ApiError:
             raise
         except Exception as exc:
@@ -436,7 +513,6 @@ class Completion:
         choices = []
         for c in self.choices:
             echo = self.echoes[c.prompt].text if self.echoes is not None else ""
-            choices.append({"text": echo + c.handle.state.text, "index": c.index, "logprobs": c.lps,
-                            "finish_reason": c.finish_reason})
-        return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model_id,
+            choices.append(fmt.choice(c.index, echo + c.handle.state.text, c.lps, c.finish_reason))
+        return {"id": self.id, "object": fmt.object, "created": self.created, "model": self.model_id,
                 "choices": choices, "usage": self.usage()}

@@ -1,4 +1,5 @@
-"""Pure ASGI middleware: the access log (outermost), the API key, the body size limit.
+"""Pure ASGI middleware: the access log (outermost), the API key, the body size limit and read timeout,
+HEAD as GET.
 
 Pure ASGI rather than Starlette's BaseHTTPMiddleware, which would buffer or wrap streaming responses and
 hide the client's disconnect from the route.
@@ -6,6 +7,7 @@ hide the client's disconnect from the route.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
@@ -121,12 +123,15 @@ class ApiKey:
 
 class BodyLimit:
     """Refuse bodies over `limit` bytes with 413: by Content-Length before reading, and by counting
-    while reading (a chunked body has none). The body is read here, whole, and replayed to the app;
-    after it, `receive` is the server's again, so routes still see the client's disconnect."""
+    while reading (a chunked body has none); and bodies not complete within `timeout` seconds of the
+    headers with 408 (a slow client holds a connection and its buffer). The body is read here, whole,
+    and replayed to the app; after it, `receive` is the server's again, so routes still see the client's
+    disconnect."""
 
-    def __init__(self, app: App, limit: int) -> None:
+    def __init__(self, app: App, limit: int, timeout: float | None = None) -> None:
         self.app = app
         self.limit = limit
+        self.timeout = timeout
 
     def _too_large(self) -> ApiError:
         return ApiError(413, f"the request body is larger than {self.limit} bytes", code="request_too_large")
@@ -145,26 +150,61 @@ class BodyLimit:
             if declared > self.limit:
                 await send_error(send, self._too_large())
                 return
-        chunks, size = [], 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":  # gone before the body was complete
-                return
-            body = message.get("body", b"")
-            size += len(body)
-            if size > self.limit:
-                await send_error(send, self._too_large())
-                return
-            chunks.append(body)
-            if not message.get("more_body", False):
-                break
+        try:
+            body = await asyncio.wait_for(self._read(receive), self.timeout)
+        except ApiError as error:
+            await send_error(send, error)
+            return
+        except asyncio.TimeoutError:
+            # "connection: close": the rest of the body may still come; it is not read.
+            await send_error(send, ApiError(408, f"the request body did not arrive within {self.timeout:g} s "
+                                            "(--timeout-body)", code="request_timeout",
+                                            headers={"Connection": "close"}))
+            return
+        if body is None:  # gone before the body was complete
+            return
         replayed = False
 
         async def replay() -> Message:
             nonlocal replayed
             if not replayed:
                 replayed = True
-                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+                return {"type": "http.request", "body": body, "more_body": False}
             return await receive()
 
         await self.app(scope, replay, send)
+
+    async def _read(self, receive: Receive) -> bytes | None:
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return None
+            body = message.get("body", b"")
+            size += len(body)
+            if size > self.limit:
+                raise self._too_large()
+            chunks.append(body)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+
+class HeadAsGet:
+    """``HEAD`` of a route answers as its ``GET`` without the body (load balancers probe with HEAD):
+    the app sees a GET; the headers, Content-Length included, are the GET's."""
+
+    def __init__(self, app: App) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("method") != "HEAD":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_headers_only(message: Message) -> None:
+            if message["type"] == "http.response.body":
+                message = {**message, "body": b""}
+            await send(message)
+
+        # A copy: the server keeps its own scope, which says HEAD, and sends no body for it.
+        await self.app({**scope, "method": "GET"}, receive, send_headers_only)

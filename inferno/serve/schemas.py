@@ -8,6 +8,7 @@ against the vocabulary, prompt lengths against the context) are checked when a r
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -39,7 +40,24 @@ def _integral(value: Any) -> Any:
 #: before them: else the JSON schema would lose them.
 JSON_INT = BeforeValidator(_integral)
 
+def _float_sized(value: Any) -> Any:
+    # JSON's integer 1e400 written out in digits is a number, but no float holds it: say so, not "not a
+    # valid number".
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > sys.float_info.max:
+        raise PydanticCustomError("finite_number", "Input should be a finite number (this one overflows a "
+                                  "64-bit float)")
+    return value
+
+
+#: After a float's constraints (as JSON_INT): an integer too large for a float is refused as such.
+JSON_FLOAT = BeforeValidator(_float_sized)
+
 TokenId = Annotated[int, Field(ge=0), JSON_INT]
+Temperature = Annotated[float, Field(ge=0, le=2), JSON_FLOAT]
+TopP = Annotated[float, Field(gt=0, le=1), JSON_FLOAT]
+Penalty = Annotated[float, Field(ge=-MAX_ABS_PENALTY, le=MAX_ABS_PENALTY), JSON_FLOAT]
+RepetitionPenalty = Annotated[float, Field(gt=0), JSON_FLOAT]
+Bias = Annotated[float, Field(ge=-MAX_ABS_BIAS, le=MAX_ABS_BIAS), JSON_FLOAT]
 TokenIds = Annotated[list[TokenId], Field(min_length=1)]
 StopString = Annotated[str, Field(min_length=1)]
 BiasKey = Annotated[str, StringConstraints(pattern=r"^[0-9]+$")]
@@ -47,6 +65,32 @@ Texts = Annotated[list[str], Field(min_length=1)]
 Prompt = str | Texts | TokenIds | Annotated[list[TokenIds], Field(min_length=1)]
 
 _PROMPT_FORMS = "a string, a list of strings, a list of token ids, or a list of token-id lists"
+
+
+def _stop_rule(value: Any, handler: Any) -> Any:
+    # A union reports one error per branch, under pydantic's names for them: say the rule once.
+    try:
+        return handler(value)
+    except ValidationError:
+        rule = f"must be a non-empty string or a list of at most {MAX_STOP_STRINGS} non-empty strings"
+        if isinstance(value, list) and len(value) > MAX_STOP_STRINGS:
+            rule += f"; got {len(value)} strings"
+        elif isinstance(value, list):
+            bad = next((k for k, s in enumerate(value) if not isinstance(s, str) or not s), None)
+            rule += f"; stop[{bad}] is {'empty' if value[bad] == '' else 'not a string'}"
+        raise PydanticCustomError("stop_rule", rule) from None
+
+
+def _bias_keys(value: Any, handler: Any) -> Any:
+    # A key that is not a token id in digits: pydantic would quote its regular expression.
+    try:
+        return handler(value)
+    except ValidationError as exc:
+        bad = next((e["loc"][0] for e in exc.errors() if e["loc"][-1:] == ("[key]",)), None)
+        if bad is None:
+            raise
+        raise PydanticCustomError("bias_key", "keys must be token ids in decimal digits, got {key}",
+                                  {"key": repr(bad)}) from None
 
 
 class _Request(BaseModel):
@@ -57,20 +101,12 @@ class StreamOptions(_Request):
     include_usage: bool | None = Field(None, description="Send a last chunk with the usage and no choices.")
 
 
-class CompletionRequest(_Request):
-    """``POST /v1/completions``: OpenAI's fields, vLLM's meaning where OpenAI leaves room, and the
-    extensions ``top_k``, ``repetition_penalty``, ``ignore_eos``, ``stop_token_ids`` and
-    ``return_token_ids``."""
+class GenerationRequest(_Request):
+    """The fields that completions and chat completions share: sampling, stops, penalties, streaming."""
 
     model: str | None = Field(None, description="Ignored: the server has one model (see /v1/models).")
-    prompt: Prompt = Field(
-        "", description=f"{_PROMPT_FORMS[0].upper()}{_PROMPT_FORMS[1:]}: one choice (or n) per prompt. "
-        "An empty string is <|endoftext|> (unconditional text); <|endoftext|> in text is the special token.")
-    max_tokens: Annotated[int, Field(ge=0), JSON_INT] | None = Field(
-        None, description="New tokens per choice (default 16; 0 only with echo). Clamped to the context: "
-        "a choice that reaches it ends with finish_reason \"length\".")
-    temperature: Annotated[float, Field(ge=0, le=2)] | None = Field(None, description="Default 1; 0: greedy.")
-    top_p: Annotated[float, Field(gt=0, le=1)] | None = Field(None, description="Nucleus mass (1, off).")
+    temperature: Temperature | None = Field(None, description="Default 1; 0: greedy.")
+    top_p: TopP | None = Field(None, description="Nucleus mass (1, off).")
     top_k: Annotated[int, Field(ge=-1), JSON_INT] | None = Field(
         None, description="Extension: keep the k most likely tokens (0 or -1: off, the default).")
     n: Annotated[int, Field(ge=1, le=MAX_N), JSON_INT] | None = Field(
@@ -82,21 +118,44 @@ class CompletionRequest(_Request):
     stop_token_ids: list[TokenId] | None = Field(None, description="Extension: token ids that end a choice.")
     stream: bool | None = Field(None, description="Send Server-Sent Events, a chunk per token.")
     stream_options: StreamOptions | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    repetition_penalty: RepetitionPenalty | None = Field(
+        None, description="Extension: Hugging Face's repetition penalty (1: off, the default).")
+    logit_bias: dict[BiasKey, Bias] | None = Field(
+        None, description="Token id (as a string) to a bias added to its logit; -100 bans it.")
+    ignore_eos: bool | None = Field(None, description="Extension: keep generating past <|endoftext|>.")
+    user: str | None = Field(None, description="Accepted and ignored.")
+
+    @field_validator("stop", mode="wrap")
+    @classmethod
+    def _stop_rule(cls, value: Any, handler: Any) -> Any:
+        return _stop_rule(value, handler)
+
+    @field_validator("logit_bias", mode="wrap")
+    @classmethod
+    def _bias_keys(cls, value: Any, handler: Any) -> Any:
+        return _bias_keys(value, handler)
+
+
+class CompletionRequest(GenerationRequest):
+    """``POST /v1/completions``: OpenAI's fields, vLLM's meaning where OpenAI leaves room, and the
+    extensions ``top_k``, ``repetition_penalty``, ``ignore_eos``, ``stop_token_ids`` and
+    ``return_token_ids``."""
+
+    prompt: Prompt = Field(
+        "", description=f"{_PROMPT_FORMS[0].upper()}{_PROMPT_FORMS[1:]}: one choice (or n) per prompt. "
+        "An empty string is <|endoftext|> (unconditional text); <|endoftext|> in text is the special token.")
+    max_tokens: Annotated[int, Field(ge=0), JSON_INT] | None = Field(
+        None, description="New tokens per choice (default 16; 0 only with echo). Clamped to the context: "
+        "a choice that reaches it ends with finish_reason \"length\".")
     logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS), JSON_INT] | None = Field(
         None, description="Log-probability of each token and of the N most likely alternatives.")
     echo: bool | None = Field(None, description="Return the prompt before the new text (its tokens' "
                               "logprobs too, as scored by the model; the first has none).")
-    presence_penalty: Annotated[float, Field(ge=-MAX_ABS_PENALTY, le=MAX_ABS_PENALTY)] | None = None
-    frequency_penalty: Annotated[float, Field(ge=-MAX_ABS_PENALTY, le=MAX_ABS_PENALTY)] | None = None
-    repetition_penalty: Annotated[float, Field(gt=0)] | None = Field(
-        None, description="Extension: Hugging Face's repetition penalty (1: off, the default).")
-    logit_bias: dict[BiasKey, Annotated[float, Field(ge=-MAX_ABS_BIAS, le=MAX_ABS_BIAS)]] | None = Field(
-        None, description="Token id (as a string) to a bias added to its logit; -100 bans it.")
-    ignore_eos: bool | None = Field(None, description="Extension: keep generating past <|endoftext|>.")
     return_token_ids: bool | None = Field(
         None, description="Extension: with logprobs, also return each token's id (logprobs.token_ids) and "
         "the ids of its top_logprobs, in their order (logprobs.top_token_ids). Default false.")
-    user: str | None = Field(None, description="Accepted and ignored.")
     best_of: Annotated[int, Field(ge=1, le=1), JSON_INT] | None = Field(
         None, description="Not supported: only null or 1.")
     suffix: Annotated[str, Field(max_length=0)] | None = Field(
@@ -127,6 +186,59 @@ class CompletionRequest(_Request):
             return handler(value)
         except ValidationError:
             raise PydanticCustomError("unsupported", "is not supported (only null or empty)") from None
+
+
+class TextPart(_Request):
+    """A part of a message's content: only text (GPT-2 reads nothing else)."""
+
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Request):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = Field(
+        None, description="The text, or a list of text parts (joined); null only for an assistant turn.")
+    name: str | None = Field(None, description="Accepted; the default template does not show it.")
+
+    @field_validator("content", mode="wrap")
+    @classmethod
+    def _content_forms(cls, value: Any, handler: Any) -> Any:
+        try:
+            return handler(value)
+        except ValidationError:
+            raise PydanticCustomError("content_type", "must be a string or a list of text parts "
+                                      '({"type": "text", "text": ...}); GPT-2 reads only text') from None
+
+
+class ChatCompletionRequest(GenerationRequest):
+    """``POST /v1/chat/completions``: OpenAI's chat fields over the same generation as completions. The
+    messages become one prompt through the chat template (see `inferno.serve.chat_template`)."""
+
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_tokens: Annotated[int, Field(ge=1), JSON_INT] | None = Field(
+        None, description="Deprecated by OpenAI for max_completion_tokens, which wins when both are given.")
+    max_completion_tokens: Annotated[int, Field(ge=1), JSON_INT] | None = Field(
+        None, description="New tokens per choice (default: up to the context's end).")
+    logprobs: bool | None = Field(None, description="Return each new token's log-probability.")
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS), JSON_INT] | None = Field(
+        None, description="With logprobs: the N most likely alternatives of each token.")
+    tools: list[Any] | None = Field(None, description="Not supported: only null or empty.")
+    response_format: dict[str, Any] | None = Field(None, description='Only {"type": "text"}.')
+
+    @field_validator("tools")
+    @classmethod
+    def _no_tools(cls, value: Any) -> Any:
+        if value:
+            raise PydanticCustomError("unsupported", "is not supported: GPT-2 has no tool calling")
+        return value
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_only(cls, value: Any) -> Any:
+        if value is not None and value.get("type", "text") != "text":
+            raise PydanticCustomError("unsupported", 'is not supported beyond {"type": "text"}')
+        return value
 
 
 class TokenizeRequest(_Request):
@@ -185,6 +297,68 @@ class CompletionResponse(BaseModel):
     created: int
     model: str
     choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class ChatTokenLogprob(TopLogprob):
+    """A new token's text (``bytes:\\xNN...`` when it is not UTF-8 on its own), log-probability, its
+    bytes, and the N most likely alternatives."""
+
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[ChatTokenLogprob] | None
+
+
+class ChatResponseMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str | None
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: ChatResponseMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: FinishReason | None = None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage | None = None
+
+
+class ChatDelta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int
+    delta: ChatDelta
+    logprobs: ChatLogprobs | None = None
+    finish_reason: FinishReason | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    """One event of a chat stream: a choice's role (first), then its new text, then its finish reason;
+    with include_usage, a last chunk with no choices and the usage."""
+
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
     usage: Usage | None = None
 
 

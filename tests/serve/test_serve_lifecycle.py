@@ -31,6 +31,9 @@ def run_cli(*flags: str, home, timeout: float = 60) -> subprocess.CompletedProce
     (["--backend", "no-such-backend"], "--backend"),
     (["--backend", "numpy", "--threads", "2"], "--threads"),
     (["--model-dir", "/no/such/folder"], "--model-dir"),
+    (["--timeout-headers", "-1"], "--timeout-headers"),
+    (["--timeout-body", "soon"], "--timeout-body"),
+    (["--max-connections", "-1"], "--max-connections"),
 ])
 def test_bad_flags_are_one_line_and_exit_2(tmp_path, flags, needle):
     assert_one_line_error(run_cli(*flags, home=tmp_path), needle)

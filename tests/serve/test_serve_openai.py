@@ -311,7 +311,7 @@ def test_unknown_fields_and_authorization_are_ignored(http, server):
     ({"max_tokens": -1}, "max_tokens"),
     ({"max_tokens": 0}, "max_tokens"),  # only with echo
     ({"presence_penalty": 2.5}, "presence_penalty"),
-    ({"logit_bias": {"x": 1}}, "logit_bias.x.[key]"),
+    ({"logit_bias": {"x": 1}}, "logit_bias"),
     ({"logit_bias": {"1": 101}}, "logit_bias.1"),
     ({"logit_bias": {"50257": 1}}, "logit_bias"),
     ({"prompt": []}, "prompt"),
@@ -334,9 +334,7 @@ def test_bad_values_are_400_naming_the_field(client, kwargs, param):
     e = info.value
     assert e.status_code == 400
     assert e.body["type"] == "invalid_request_error"
-    assert e.body["param"] is not None and e.body["param"].startswith(param.split(".")[0])
-    if "." in param:
-        assert e.body["param"] == param
+    assert e.body["param"] == param  # the field as the client sent it, no pydantic internals
     assert e.body["message"]
 
 

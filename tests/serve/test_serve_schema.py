@@ -8,7 +8,7 @@ import json
 import pytest
 from serve_helpers import running, sse_data
 
-from inferno.serve.schemas import CompletionResponse, ErrorResponse
+from inferno.serve.schemas import ChatCompletionChunk, CompletionResponse, ErrorResponse
 
 schemathesis = pytest.importorskip("schemathesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
@@ -25,9 +25,11 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
 
 # (method, path, examples, mode): the operations with a body get valid and invalid bodies; the others
 # have no inputs, so a few calls say all there is.
-_BODIES = [("POST", path) for path in ("/v1/completions", "/tokenize", "/detokenize")]
+_BODIES = [("POST", path) for path in ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize")]
 _GETS = [("GET", path) for path in ("/v1/models", "/health", "/tokenizer_info", "/metrics")]
-OPERATIONS = [(m, p, MAX_EXAMPLES, mode) for m, p in _BODIES
+# Chat's valid requests run to the context's end unless they set max_tokens: fewer of them.
+OPERATIONS = [(m, p, MAX_EXAMPLES // 2 if p == "/v1/chat/completions" and mode == GenerationMode.POSITIVE
+               else MAX_EXAMPLES, mode) for m, p in _BODIES
               for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)]
 OPERATIONS += [(m, p, 3, GenerationMode.POSITIVE) for m, p in _GETS]
 
@@ -45,7 +47,7 @@ def api_schema(server):
     return schemathesis.openapi.from_url(server.url + "/openapi.json")
 
 
-def check_stream(text: str) -> None:
+def check_stream(text: str, path: str) -> None:
     """Every event of a stream is a chunk (or an error) of the declared shape, then [DONE]: schemathesis
     checks each event's form, not the JSON inside its data."""
     events = list(sse_data(iter(text.split("\n"))))
@@ -54,6 +56,9 @@ def check_stream(text: str) -> None:
         obj = json.loads(data)
         if "error" in obj:
             ErrorResponse.model_validate(obj)
+        elif path == "/v1/chat/completions":
+            ChatCompletionChunk.model_validate(obj)
+            assert obj["object"] == "chat.completion.chunk" and len(obj["choices"]) <= 1
         else:
             CompletionResponse.model_validate(obj)
             assert obj["object"] == "text_completion" and len(obj["choices"]) <= 1
@@ -73,7 +78,7 @@ def test_api_conforms_to_its_schema(api_schema, server, method, path, examples, 
     def run(case):
         response = case.call_and_validate(base_url=server.url, checks=CHECKS, timeout=60)
         if "text/event-stream" in str(response.headers.get("content-type")):
-            check_stream(response.text)
+            check_stream(response.text, path)
 
     run()
 
@@ -83,8 +88,8 @@ def test_the_document_declares_the_routes(server):
 
     doc = httpx.get(server.url + "/openapi.json", timeout=30).json()
     paths = doc["paths"]
-    for path in ("/v1/completions", "/v1/models", "/health", "/tokenize", "/detokenize", "/tokenizer_info",
-                 "/metrics"):
+    for path in ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/tokenize",
+                 "/detokenize", "/tokenizer_info", "/metrics"):
         assert path in paths
     completions = paths["/v1/completions"]["post"]["responses"]
     assert "text/event-stream" in completions["200"]["content"]
