@@ -241,11 +241,11 @@ def test_score_mode_shows_the_perplexity_of_pipeline_score(browser, server, pipe
     assert severe(driver) == []
 
 
-def test_screenshot(browser, server):
-    """Saves the page after a generation to $PLAYGROUND_SCREENSHOT (skipped without it)."""
-    path = os.environ.get("PLAYGROUND_SCREENSHOT")
-    if not path:
-        pytest.skip("set PLAYGROUND_SCREENSHOT=docs/playground.png (or run this file with --screenshot PATH)")
+def test_screenshot(browser, server, tmp_path):
+    """The page after a generation, with a token's alternatives open, as a picture: saved to
+    $PLAYGROUND_SCREENSHOT (docs/playground.png), else to a temporary file; either way it must be a
+    PNG of the window's size that is not blank."""
+    path = os.environ.get("PLAYGROUND_SCREENSHOT") or str(tmp_path / "playground.png")
     driver = browser
     driver.set_window_size(1100, 1150)  # room for the alternatives under the output
     open_page(driver, server)
@@ -254,9 +254,14 @@ def test_screenshot(browser, server):
     spans = driver.find_elements(By.CSS_SELECTOR, "#output .tok")
     driver.execute_script("arguments[0].focus()", spans[min(5, len(spans) - 1)])
     wait(driver, lambda d: d.find_element(By.ID, "tip").is_displayed())
+    assert driver.find_element(By.ID, "tip").text.strip()  # the alternatives are in the picture
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    driver.save_screenshot(str(path))
-
+    assert driver.save_screenshot(str(path))
+    data = Path(path).read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR", "not a PNG"
+    width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    assert width >= 800 and height >= 600, (width, height)
+    assert len(data) > 20_000  # a blank page compresses to a few kB
 
 if __name__ == "__main__":
     args = sys.argv[1:]
