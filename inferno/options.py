@@ -194,7 +194,9 @@ class LogitsProcessor:
             # A prompt may hold ids past the sampled ones (a vocabulary padded past the tokenizer's).
             seen = self._seen[: np.searchsorted(self._seen, z.shape[0])]
             s = z[seen]
-            z[seen] = np.where(s < 0, s * o.repetition_penalty, s / o.repetition_penalty)
+            # A tiny penalty can overflow a logit to +/-inf: the sampler puts all the mass there, as meant.
+            with np.errstate(over="ignore"):
+                z[seen] = np.where(s < 0, s * o.repetition_penalty, s / o.repetition_penalty)
         if (o.frequency_penalty or o.presence_penalty) and self._count_ids.size:
             z[self._count_ids] -= o.frequency_penalty * self._count_values + o.presence_penalty
         if self._bias_ids.size:
