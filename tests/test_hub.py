@@ -275,6 +275,7 @@ def test_hub_errors_are_one_line(env, fake_hub, downloader, case, needles):
     assert "-m random" in e.remedy
 
 
+@pytest.mark.slow  # huggingface_hub retries for ~20 s before it gives up
 def test_unreachable_hub(env, downloader, shipped):
     e = missing_error(progress=False)  # HF_ENDPOINT is a closed port (see the env fixture)
     assert "download failed" in str(e) and e.missing == ["model.safetensors"]

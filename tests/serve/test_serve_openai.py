@@ -428,7 +428,9 @@ def test_tokenize_and_detokenize(http, small_pipe):
 
 
 def test_metrics(http, client):
-    complete(client, max_tokens=3, n=2, stream=True).close()
+    with complete(client, max_tokens=3, n=2, stream=True) as stream:
+        assert len(list(stream)) >= 2  # read to the end: closed at once, it may be cancelled before a token
+    assert http.post("/v1/completions", json={"prompt": "a", "max_tokens": -1}).status_code == 400
     text = http.get("/metrics")
     assert text.headers["content-type"].startswith("text/plain")
     values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.text.splitlines()
