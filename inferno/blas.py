@@ -6,9 +6,9 @@ ways to end up with AVX2-only kernels on an AVX-512 CPU:
   ``OPENBLAS_CORETYPE=Haswell``, because older OpenBLAS builds fail on its CPU;
 - an OpenBLAS older than the CPU falls back to such a family by itself.
 
-On the development machine's AMD EPYC (Zen 5), the AVX-512 (SkylakeX) kernels that OpenBLAS 0.3.31
-picks by itself ran prefill 1.26-1.35x faster than the Haswell ones, and decode 0.91x (see the README's
-benchmarks). So inferno only says so (`inferno backends`) and leaves the choice to the user. The
+On the development machine's AMD EPYC (Zen 5), the AVX-512 (SkylakeX) kernels that OpenBLAS picks by
+itself ran prefill faster than the Haswell ones but decode slower (docs/benchmarks.md). So inferno only
+says so (`inferno backends`) and leaves the choice to the user. The
 variable is read when NumPy loads its BLAS, so it must be set or unset before the process starts.
 """
 

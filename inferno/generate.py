@@ -105,7 +105,7 @@ class TokenStream:
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             logits = self.model.forward(np.asarray([prompt]), cache)
         for i in range(budget):
-            # Shape and finiteness of the one row sampled, on the host copy (~10 µs; see Gpt2.check_logits).
+            # Shape and finiteness of the one row sampled, on the host copy (cheap; see Gpt2.check_logits).
             host = self.model.check_logits(self.model.backend.to_numpy(logits), 1)
             step = self.state.step(host[0, : self.sample_limit], last=i + 1 == budget)
             yield step

@@ -19,8 +19,8 @@ from inferno.model import Gpt2
 from inferno.options import logsumexp, top_logprobs
 
 #: Rows of logits turned into float64 log-probabilities at a time: 8 rows (3 MiB of float64) stay in the
-#: cache and reuse the allocator's pages; 64 rows (26 MiB) ran the log-softmax 3x slower, measured by
-#: benches/options_overhead.py (190 -> 60 ms for 999 rows).
+#: cache and reuse the allocator's pages; larger chunks ran the log-softmax slower
+#: (benches/options_overhead.py, docs/benchmarks.md).
 ROWS_PER_CHUNK = 8
 
 

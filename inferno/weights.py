@@ -67,18 +67,15 @@ _PREFIX = "transformer."
 _LM_HEAD = "lm_head.weight"
 # Chunk size for comparing lm_head.weight against wte.weight without a second full copy.
 _COMPARE_CHUNK_BYTES = 4 << 20
-# Chunk size for reading a tensor into Fortran order (the transposing copy is fastest around 1 MiB: the
-# 124M weights of the numpy backend load in ~200 ms with 1 MiB chunks, ~245 ms with 4 MiB, ~110 ms as C).
+# Chunk size for reading a tensor into Fortran order (the transposing copy measured fastest around 1 MiB;
+# docs/benchmarks.md).
 _TRANSPOSE_CHUNK_BYTES = 1 << 20
 # Pieces a row-major float32 tensor is read in, each summed while still in the CPU's cache (the NaN/Inf
 # check; see _read_tensor).
 _READ_CHUNK_BYTES = 1 << 20
-# Elements per slice of the non-finite check. Measured on the 124M shape (inferno.bench.random_weights,
-# numpy's Fortran-order layout, 2 cores, medians of 5): 20 ms for all 124M parameters in slices of 64k
-# elements, against 23 ms for one np.isfinite(a).all() per tensor (which also allocates a temporary as
-# big as wte, 38 MB), 25 ms for min() and max() and 67 ms for a float64 sum: ~3% of the ~0.6 s cold start.
-# End to end, load_weights of the 124M file (numpy's layout, page cache warm) takes 183 ms with the check,
-# 162 ms without (medians of 5).
+# Elements per slice of the non-finite check: slices measured faster than one np.isfinite(a).all() per
+# tensor (which also allocates a temporary as big as the tensor), min()/max() or a float64 sum, and the
+# check is a small part of a cold start (docs/benchmarks.md).
 _FINITE_CHUNK = 1 << 16
 # Which header names belong to a layer, and its index (at most 9 digits: a hostile index never becomes a
 # huge int).
@@ -577,7 +574,7 @@ def load_weights(
     Arrays are C-contiguous, or in the memory order ``order(name)`` returns ("C" or "F"; anything else
     is a ValueError, raised before any data is read): pass a backend's `weight_order` so that it gets
     its preferred layout without a second copy at load (a Fortran-order tensor costs a transposing copy
-    made a few rows at a time: ~0.1 s more for GPT-2 124M).
+    made a few rows at a time, slower than a C-order read).
 
     Keys are canonical Hub names without prefix (``wte.weight``, ``h.0.attn.c_attn.weight``, ...;
     see :func:`expected_shapes`). Linear weights keep the Hub's Conv1D layout ``[in, out]``.
@@ -588,7 +585,7 @@ def load_weights(
     (malformed file, missing/unexpected tensors, shape or dtype mismatches) before reading any data,
     :class:`WeightsMemoryError` when the weights cannot fit in memory (saying how much they need), and
     :class:`WeightsError` naming every tensor that holds NaN or Inf, with the count, after reading (the
-    check costs ~20 ms at the 124M shape; see _FINITE_CHUNK). A bad `order` is a :class:`WeightOrderError`.
+    check is one pass in slices; see _FINITE_CHUNK). A bad `order` is a :class:`WeightOrderError`.
     """
     read = list(_stream(path, config, order, check_each=False))
     file_names = {name: file_name for name, file_name, _, _ in read}

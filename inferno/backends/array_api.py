@@ -4,8 +4,8 @@ Everything goes through the namespace `xp` (``xp.matmul``, ``xp.take``, ``xp.whe
 methods, no in-place arithmetic. The only mutation is `write_kv`'s slice assignment, which the standard
 allows; namespaces whose arrays are immutable (JAX) get a new cache from ``xp.where`` instead, and then
 attention runs over the whole cache with the positions past the queries masked. Both keep every shape
-independent of the position, so a library that compiles each operation once per shape (JAX compiles for
-30-50 ms per new shape) compiles once per prompt length instead of at every generated token.
+independent of the position, so a library that compiles each operation once per shape (JAX does, and a compile
+costs far more than a step) compiles once per prompt length instead of at every generated token.
 
 Lazy namespaces (dask.array) run too: the residual stream and the KV cache are computed at each step
 (`_settle`), so a token's graph holds that step only.
@@ -160,8 +160,8 @@ class ArrayApiBackend(Backend):
     def _settle(self, a):
         """`a` computed, for a lazy namespace (dask), else `a` itself. Applied to the residual stream (the
         result of `add`) and to the KV cache: each lazy step then starts from computed arrays, and costs
-        the same at every token instead of re-running the prompt and every step before it (124M shape,
-        2 cores: ~1.5 s a token, where the 4th token took 14 s without)."""
+        the same at every token instead of re-running the prompt and every step before it (without it,
+        each token measured slower than the one before)."""
         return a.persist() if self._persist else a
 
     def embedding(self, wte, wpe, ids, offset):
@@ -238,8 +238,8 @@ class ArrayApiBackend(Backend):
     def lm_head(self, x, wte):
         xp = self.xp
         lead = tuple(x.shape[:-1])
-        # Contract C with C, no transpose: JAX's eager matrix_transpose copies wte (154 MB at the 124M
-        # shape) at every call, 12x slower than this; NumPy and array_api_strict run the same GEMV.
+        # Contract C with C, no transpose: JAX's eager matrix_transpose copies the whole of wte at
+        # every call, much slower than this; NumPy and array_api_strict run the same GEMV.
         y = xp.tensordot(xp.reshape(x, (-1, x.shape[-1])), wte, axes=([1], [1]))
         return xp.reshape(y, (*lead, wte.shape[0]))
 

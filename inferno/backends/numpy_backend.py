@@ -7,10 +7,9 @@ written in place (no per-step concatenation), and the LM head read from `wte` wi
 Weight layout. A decode step is one GEMV per weight matrix, bound by how fast BLAS streams the weights
 from memory, and OpenBLAS streams some shapes faster from the transposed layout: the two c_proj weights
 and `wte` (whose transpose is the LM head) are kept in Fortran order, the rest as the file has them.
-Shapes and values are unchanged, only strides differ. `python benches/weight_layout.py` (124M-shape
-random weights, 128 greedy tokens, interleaved, 2 cores): 23.5 ms/token with every matrix row-major,
-19.0 like this (1.16x, median of paired repeats; 1.16x in a second run), 19.5 with every matrix
-transposed; prefill 64 and 512 unchanged within noise.
+Shapes and values are unchanged, only strides differ. `python benches/weight_layout.py` measured this
+mix faster per decoded token than every matrix row-major or every matrix transposed, with prefill
+unchanged (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -153,9 +152,9 @@ def softmax_into(x: np.ndarray, out: np.ndarray) -> np.ndarray:
     return out
 
 
-#: Row counts OpenBLAS's SGEMM runs fastest at: multiples of 8 (its kernel's row block). Measured on the
-#: 768 x 50257 LM head (ms): 8 rows 6.6, 6 rows 11.7, 14 rows 14.7, 16 rows 9.5; so a batch of a few
-#: rows is padded with zero rows up to the next multiple (below `_PAD_BELOW` rows, where it pays).
+#: Row counts OpenBLAS's SGEMM runs fastest at: multiples of 8 (its kernel's row block; on the LM head,
+#: 8 rows measured faster than 6 or 14, docs/benchmarks.md); so a batch of a few rows is padded with zero
+#: rows up to the next multiple (below `_PAD_BELOW` rows, where it pays).
 _ROW_BLOCK, _PAD_BELOW = 8, 128
 
 
@@ -163,8 +162,8 @@ def _matmul_rows(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     """[N, IN] @ [IN, OUT] as one BLAS call (a 3-D matmul would loop over the batch).
 
     A single row goes through GEMV: OpenBLAS's GEMM packs the whole weight matrix even for one row,
-    which more than doubles the memory traffic of a decode step. Two rows are two GEMVs (5.5 ms on the
-    LM head against 9.4 for a GEMM); a few more are padded to a multiple of 8 rows (see `_ROW_BLOCK`).
+    which more than doubles the memory traffic of a decode step. Two rows are two GEMVs (faster on the
+    LM head than one GEMM); a few more are padded to a multiple of 8 rows (see `_ROW_BLOCK`).
     Each row's result is the same dot products either way.
     """
     n = x.shape[0]

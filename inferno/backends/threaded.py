@@ -12,8 +12,7 @@ workers (the calling thread is one of them), with BLAS single-threaded inside it
   The bias, and gelu for c_fc, are applied to each block while it is in cache;
 * the MLP, once there are `FUSED_MLP_ROWS` (256) tokens per thread, by row tiles instead: each task
   takes its rows through c_fc, gelu and c_proj in one go (one barrier instead of two, and the hidden
-  block still in cache for c_proj; prefill 512 and 1000 2-5% faster on 2 cores: medians of 11 paired
-  runs, 1.05x and 1.05x in one A/B, 1.03x and 1.02x in another);
+  block still in cache for c_proj; measured a little faster on long prompts, docs/benchmarks.md);
 * causal attention by (head group, query tile): a tile of 64 queries reads only the keys up to its last
   query, so the masked half of the T×T scores is never computed, and only the tile's own diagonal block
   is masked; the softmax's division is applied to the [64, D] output, not the [64, T] probabilities;
@@ -23,33 +22,23 @@ workers (the calling thread is one of them), with BLAS single-threaded inside it
 Decode (one token) and short prompts run *directly*: the numpy reference's own calls (GEMV for one
 row), with OpenBLAS's threads.
 
-**Measurements that chose this** (2 vCPUs, AMD EPYC Zen 4 under Firecracker, OpenBLAS 0.3.31 SkylakeX
-kernel; medians of interleaved repeats on a machine shared with other test runs, so ±5-10 %):
+**Why** (measured on 2 cores; the figures are in docs/benchmarks.md):
 
-* *Threads, not processes.* NumPy releases the GIL in BLAS and ufuncs: the pool reaches a parallelism
-  (task time / wall time) of 1.97 on the prefill matmuls and 1.93-1.98 on attention at 512-1000 tokens,
-  so there is no GIL time left for processes to win back. Dispatch costs the same (a helper thread
-  wakes in ~20 µs, a pipe round trip to a process is ~21 µs), but processes need every activation and
-  the KV cache in shared memory and segments to clean up: tanh of 1M floats split in two took 240 µs
-  on threads, 391 µs on processes with the data already in shared memory (367 µs on one core).
-* *Decode stays on OpenBLAS's threads.* Pooled decode measured 29.2 ms/token (one pooled call per
-  attention block by head groups and per MLP as c_fc column blocks with their c_proj rows, summed) and
-  29.6 ms/token (each GEMV by column blocks), against 19.5 ms/token for OpenBLAS's own GEMV threads:
-  a GEMV is 0.2-0.3 ms, and each pooled call pays wake-ups and GIL hand-offs of ~50-100 µs.
-* *Short prompts stay direct.* Prefill through the pool against numpy: 64 tokens 0.82-0.92x, 128
-  tokens 0.90-0.92x, 256 tokens 1.05-1.21x, 512 1.37x, 1000 1.5-1.8x; hence `MIN_ROWS` = 192. Row tiles
-  below ~128 rows cost single-threaded BLAS efficiency (64-row tiles: 25-30 % slower than 512).
+* *Threads, not processes.* NumPy releases the GIL in BLAS and ufuncs, so the pool's threads run the
+  prefill matmuls and attention nearly fully in parallel and leave no GIL time for processes to win
+  back; processes would also need every activation and the KV cache in shared memory, and measured slower.
+* *Decode stays on OpenBLAS's threads.* A GEMV is short, and each pooled call pays wake-ups and GIL
+  hand-offs: every pooled decode tried was slower than OpenBLAS's own GEMV threads.
+* *Short prompts stay direct.* Prefill through the pool loses to numpy on short prompts and wins on
+  long ones; hence `MIN_ROWS`. Small row tiles cost single-threaded BLAS efficiency (hence `ROW_TILE`).
 * *No pre-split weights.* Blocks are views of the weights as loaded (in the numpy backend's layout):
-  strided column blocks ran as fast as contiguous copies (GEMV of c_attn in 4 blocks: 0.155 ms as views,
-  0.48 ms as copies; 512-row GEMMs in 2-4 column blocks within 3 % of one call), and copies would
-  double the weights' memory. Nothing is copied or re-split per call.
+  strided column blocks ran as fast as contiguous copies, and copies would double the weights' memory.
+  Nothing is copied or re-split per call.
 * *BLAS pinned to one thread around pooled work* (threadpoolctl), and during every other matmul of a
-  long prompt too: OpenBLAS's own workers spin for ~0.1 s after a call and then compete with the pool
-  for the same cores (12 MLP layers at 64 tokens: 58 ms alone, 97-101 ms right after numpy's
-  multi-threaded GEMMs, 63 ms after a 0.1 s pause; a 512-token prefill with BLAS's threads left on
-  inside the pool: 879 ms instead of 688). The limit is
-  restored after each call, so other NumPy code in the process keeps its BLAS threads; benchmarks
-  that alternate backends in one process pause between them for the same reason. The limit is
+  long prompt too: OpenBLAS's own workers spin for a while after a call and then compete with the pool
+  for the same cores, which measured much slower. The limit is restored after each call, so other
+  NumPy code in the process keeps its BLAS threads; benchmarks that alternate backends in one process
+  pause between them for the same reason. The limit is
   process-wide, so the backends of a process share one `_BlasLimits`, whose limited sections (the
   pooled kernels) run one thread at a time: used from several threads, every one of them restores
   exactly what it found, and the process keeps its BLAS threads.
@@ -72,10 +61,10 @@ forked child starts its own helpers on first use. A backend may be used from sev
 **On 8-16 cores** (plan; measured here on 1-2): the pool grows to the usable cores and the blocking
 adapts: matmuls split by weight columns first and by rows once columns run out (at least `MIN_COLS`
 columns and `MIN_TILE_ROWS` rows per block), attention into more head groups per query tile, so every
-op keeps ~2 tasks per thread of at least ~0.5 ms. To re-measure there: ``python benches/compare.py
---scaling`` (1, 2, 4, 8, 16 threads), the `MIN_ROWS` crossover (``cpu-threaded:min_rows=N``) and
-pooled decode, which the extra memory bandwidth of many cores may favour. Beyond one NUMA node the
-weights live where they were loaded; interleaving them is future work.
+op keeps ~2 tasks per thread, each large enough to outweigh its dispatch. To re-measure there:
+``python benches/compare.py --scaling`` (1, 2, 4, 8, 16 threads), the `MIN_ROWS` crossover
+(``cpu-threaded:min_rows=N``) and pooled decode, which the extra memory bandwidth of many cores may
+favour. Beyond one NUMA node the weights live where they were loaded; interleaving them is future work.
 """
 
 from __future__ import annotations
@@ -102,9 +91,9 @@ MAX_THREADS = 1024
 # Below these sizes the pool costs more (waking threads, smaller BLAS calls) than it gains, and a kernel
 # runs directly, as in the numpy backend. Measured on 2 cores; see the module docstring.
 MIN_ROWS = 192  # tokens: fewer (decode, short prompts) run directly, with BLAS's own threads
-MIN_MACS = 1 << 24  # matmul multiply-adds (~0.3 ms on one core)
-MIN_ELEMENTS = 1 << 19  # elementwise kernels, attention scores (layernorm pays from ~700 tokens)
-ROW_TILE = 512  # matmul rows per task at most (single-threaded BLAS loses ~4% at 256 rows, ~25% at 64)
+MIN_MACS = 1 << 24  # matmul multiply-adds (below this, dispatch outweighs the work)
+MIN_ELEMENTS = 1 << 19  # elementwise kernels, attention scores (layernorm pays only on long prompts)
+ROW_TILE = 512  # matmul rows per task at most (single-threaded BLAS loses efficiency on smaller tiles)
 MIN_COLS = 64  # matmul weight columns per task at least
 MIN_TILE_ROWS = 64  # and rows
 TASKS_PER_THREAD = 2  # more tasks than threads, so that one descheduled thread does not hold up the rest
@@ -549,8 +538,8 @@ class ThreadedBackend(NumpyBackend):
         per_thread = rows // (self.threads * self.fused_mlp_rows)
         if self.threads > 1 and per_thread >= 1:
             # Long prompts: a task takes whole rows through c_fc, gelu and c_proj, so its hidden block
-            # is still in cache for c_proj and the MLP has one barrier instead of two (2-5% faster
-            # prefill at 512 and 1000 tokens on 2 cores). Shorter: too few rows per task for BLAS.
+            # is still in cache for c_proj and the MLP has one barrier instead of two (measured
+            # a little faster on long prompts). Shorter: too few rows per task for BLAS.
             # One or TASKS_PER_THREAD tiles per thread: more would be shorter than fused_mlp_rows. At
             # most ROW_TILE rows each (many rows on few threads), so a hidden block stays ~6 MB.
             tiles = _chunks(rows, max(self.threads * min(per_thread, TASKS_PER_THREAD),

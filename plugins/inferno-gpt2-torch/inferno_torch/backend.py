@@ -10,42 +10,29 @@ here through ``array_api_compat.torch``: the embedding gather, the head split/me
 The few overridden below are where torch has a fused kernel that is clearly faster or more accurate;
 each says why.
 
-Where the time went on the CPU, and what this backend does about it. A decode step is one GEMV per
-weight matrix (the 48 of the blocks, then the LM head), so it is bound by how fast each GEMM routine
-streams its weights. Measured on the 2-core development machine (AMD EPYC with AVX-512 and
-AVX512_BF16, torch 2.13.0 CPU wheel, 2 threads, no other load, medians of 7): the 48 block matrices of
-the 124M shape, one row each, took
+What runs where on the CPU, and why (the measurements are in docs/benchmarks.md). A decode step is one
+GEMV per weight matrix (the 48 of the blocks, then the LM head), so it is bound by how fast each GEMM
+routine streams its weights. torch's float32 GEMM is MKL's, which on the AMD development machine streams
+slower than OpenBLAS does for `numpy`, and its float16 GEMV only has a fast path for the [out, in]
+layout; oneDNN's packed layout measured fastest in float32 and bfloat16. So on the CPU, in float32 and
+bfloat16, the linear weights are kept [out, in] (the loader reads them so: `weight_order` "F") and
+packed once at load into oneDNN's blocked layout (``torch.ops.mkldnn._reorder_linear_weight``, what
+torch.compile's CPU freezing uses), then run with ``torch.ops.mkldnn._linear_pointwise``, whose GELU
+post-op also fuses `mlp`'s activation into the c_fc GEMM. `wte` stays plain for the embedding gather and
+gets a packed copy for the LM head. In float16 on the CPU the weights are kept [out, in] for F.linear.
+`python benches/sixteen_bit.py` measures whole decode steps against `numpy` side by side: in float32
+both read the same weights a step, so decode ties and prefill is faster, once each timed part is
+preceded by a rest (OpenBLAS's threads spin a while after a call, and whichever pool ran last slowed
+the other's GEMVs). A step is almost all oneDNN's GEMVs and SDPA; a direct torch version of
+`self_attention` (no array-api-compat head split) measured barely faster: not kept. ``onednn=false``
+turns the packing off.
 
-    dtype      torch.mm, [in, out]   F.linear, [out, in]   oneDNN packed, [out, in]
-    float32    16.1 ms               19.9 ms               9.5 ms
-    bfloat16   11.1 ms                9.4 ms               3.6 ms
-    float16    99.7 ms                4.2 ms               (no oneDNN kernel here)
-
-and the LM head (768 x 50257) 9.6 ms with F.linear in float32, 2.9 ms packed; 3.1 and 1.0 ms in
-bfloat16. torch's float32 GEMM is MKL's, which on this AMD CPU streams at half of what OpenBLAS does
-for `numpy`; its float16 GEMV only has a fast path for the [out, in] layout. So on the CPU, in float32
-and bfloat16, the linear weights are kept [out, in] (the loader reads them so: `weight_order` "F")
-and packed once at load into oneDNN's blocked layout (``torch.ops.mkldnn._reorder_linear_weight``,
-what torch.compile's CPU freezing uses), then run with ``torch.ops.mkldnn._linear_pointwise``, whose
-GELU post-op also fuses `mlp`'s activation into the c_fc GEMM. `wte` stays plain for the embedding
-gather and gets a packed copy for the LM head. In float16 on the CPU the weights are kept [out, in]
-for F.linear. Whole decode steps went from 39.9 to 109 tok/s in float32, 60 to 137-167 in bfloat16
-and 6.3 to 117 in float16 (`numpy`: 73-87 in the same sessions); `python benches/sixteen_bit.py`
-measures them side by side. There, the runs of 2026-12-01 gave float32 decode at 0.93-1.15x `numpy`
-(1.00-1.12x in the day's four 9-round runs of the last code) and prefill at 1.6-2.8x, once each timed part was
-preceded by a 0.3 s rest. In float32 the two read the same 498 MB a step, so they tie: in
-`torch.profiler`, 87% of a step is oneDNN's GEMVs and 7% SDPA (~66 us a layer in place, 14 on a hot
-cache); the rest (layer norms, adds, views, the embedding) is ~0.6 ms. A direct torch version of
-`self_attention` (no array-api-compat head split) measured 3 us a layer faster: not kept. Without the
-rest, whichever pool ran last (OpenBLAS's threads spin ~0.1 s after a call) doubled the other's GEMV
-time (8 ms became 15-66). ``onednn=false`` turns the packing off.
-
-The float32 attention of a decode step is SDPA's blocked kernel (8.5 us at 64 keys); in bfloat16 the
-same call takes 45 us (285 at 512 keys): the CPU has no fast bfloat16 kernel for such small matrices,
-so bfloat16 here trades attention speed for weight bandwidth.
+The float32 attention of a decode step is SDPA's blocked kernel; in bfloat16 the same call is several
+times slower: the CPU has no fast bfloat16 kernel for such small matrices, so bfloat16 here trades
+attention speed for weight bandwidth.
 
 No `torch.inference_mode`: the weights come from NumPy and never require grad, so autograd records
-nothing already; entering it around every kernel call costs ~5 µs and measured no gain per decode step.
+nothing already; entering it around every kernel call costs time and measured no gain per decode step.
 
 This module must stay importable without torch: the registry imports it on every machine to call the
 hook, so torch is imported only when a `TorchBackend` is constructed.
@@ -127,7 +114,7 @@ class TorchBackend(ArrayApiBackend):
         super().__init__(xp=xp, dtype=dtype_name, device=torch_device)
         self.onednn = _onednn(torch, onednn, torch_device, dtype_name)
         # [out, in] weights where they pay: oneDNN packs from it, and on the CPU torch's float16 GEMV
-        # reads it 20x faster than the [in, out] layout (measured; see the module docstring).
+        # reads it much faster than the [in, out] layout (measured; see the module docstring).
         self._out_in = self.onednn or (torch_device.type == "cpu" and dtype_name == "float16")
         if self.onednn:
             self._pointwise = torch.ops.mkldnn._linear_pointwise
@@ -174,7 +161,7 @@ class TorchBackend(ArrayApiBackend):
             return self._linear_weight(t)
         if self.onednn and name == "wte.weight":
             # Tied: the embedding gathers rows of the plain tensor, the LM head reads a packed copy
-            # (3x faster in bfloat16, measured), so the backend holds wte twice (+77 MB in bfloat16).
+            # (much faster, measured), so the backend holds wte twice (+77 MB in bfloat16).
             t._inferno_head = self._linear_weight(t)
         return t
 
@@ -335,9 +322,8 @@ def _release_freed_memory() -> None:
 
     Each linear weight passes through two temporaries (the transposed float32 copy, the [out, in]
     tensor oneDNN packs from) that are freed right away; but once wte's 154 MB has been freed, glibc
-    serves such sizes from its heap, which keeps them: loading the 124M weights in bfloat16 peaked at
-    1.22x the 326 MB held, and at 1.07x trimming after each (the test's measure: a fresh process's
-    VmHWM; 19 ms of trimming in all).
+    serves such sizes from its heap, which keeps them: trimming after each weight lowers the peak
+    memory of a load well below what it is without (the test's measure: a fresh process's VmHWM).
     """
     global _TRIM
     if _TRIM is None:
