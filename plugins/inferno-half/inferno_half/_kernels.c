@@ -3,19 +3,24 @@
    y[m, j] = b[j] + sum_k x[m, k] * w[j, k]      x: float32 [M, K], w: 16-bit [N, K] (row j = output j),
                                                   b: float32 [N] or NULL, y: float32 [M, N]
 
-   w is stored blocked, as packed once at load by inferno_half.backend.pack: N and K padded with zeros to
-   multiples of 8, then [N/8][K/8][8 rows][8 columns], so that the kernel reads it strictly in order
-   (eight interleaved row streams measured 30 GB/s on the development machine, the blocked stream 45+).
+   w is stored in panels, as packed once at load by inferno_half.backend.pack: N padded with zeros to a
+   multiple of PANEL (32), then [N/32][K][32]: panel p holds outputs 32p .. 32p + 31, and for each input k
+   their 32 weights side by side (64 bytes, one cache line). The kernel reads a panel strictly in order.
 
-   A decode step is one such product per weight matrix with M = 1, bound by how fast the weights stream
-   from memory: 16-bit weights halve the bytes. Each weight is widened to float32 in registers and
-   accumulated in float32, so only the weights are rounded, never the activations or the sums.
+   The product is an outer product, register-blocked: for each k, the 32 weights of a panel are widened
+   to float32 once (two AVX-512 vectors) and multiplied into up to MR_MAX rows of x at once (each x[m, k]
+   broadcast), so a step of many sequences reads and widens every weight once per tile of rows rather
+   than once per row, and its cost is the FMAs, not the unpacking. One row alone is bound by how fast the
+   weights stream from memory; it takes several panels at a time (independent FMA chains, a few memory
+   streams). Each output's sum runs over k in order, one FMA chain from zero, the bias added after: the
+   same arithmetic for any number of rows and on either SIMD path, so a row of a batch gets the bits it
+   gets alone. Only the weights are rounded; activations and sums stay float32.
+
+   Paths, chosen at run time by CPU feature: AVX-512F (x86-64-v4), AVX2 + FMA + F16C, portable C.
+   The panels are split among OpenMP threads where the compiler supports OpenMP.
 
    Two weight formats: IEEE float16 (FMT_F16) and bfloat16 (FMT_BF16, the top half of a float32).
-   An AVX2 + FMA + F16C path is chosen at run time where the CPU has it; otherwise portable C.
-   The output rows are split among OpenMP threads where the compiler supports OpenMP.
-
-   Python calls them through the functions at the end of this file, which take NumPy arrays. */
+   Python calls the kernels through the functions at the end of this file, which take NumPy arrays. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -30,6 +35,17 @@
 
 #define FMT_F16 0
 #define FMT_BF16 1
+
+#define PANEL 32   /* outputs per panel */
+#define TASK 4     /* panels per thread task: 128 outputs */
+#define MR_MAX 12  /* rows per register tile (AVX-512: 12 x 2 accumulators) */
+#define MC 96      /* rows per pass over the weights: x's chunk stays in L2 while the panels go by */
+
+#define PATH_PORTABLE 0
+#define PATH_AVX2 1
+#define PATH_AVX512 2
+
+static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 /* ------------------------------------------------------------------------------------ portable C */
 
@@ -67,37 +83,52 @@ static float gelu_new(float x) {
     return x / (1.0f + expf(-2.0f * u));
 }
 
-/* Output rows of the 8-row blocks jb0 .. jb1 - 1, for every input row (then gelu_new, with `act`). */
-static void blocks_portable(const float *x, int64_t m_rows, int64_t kp, const uint16_t *w, int64_t jb0,
-                            int64_t jb1, const float *b, float *y, int64_t n, int fmt, int act) {
-    for (int64_t jb = jb0; jb < jb1; jb++) {
-        const uint16_t *blk = w + jb * 8 * kp;
-        for (int64_t m = 0; m < m_rows; m++) {
-            const float *xm = x + m * kp;
-            float acc[8] = {0};
-            for (int64_t i = 0; i < kp; i += 8)
-                for (int r = 0; r < 8; r++)
-                    for (int c = 0; c < 8; c++) acc[r] += xm[i + c] * widen(blk[i * 8 + r * 8 + c], fmt);
-            for (int r = 0; r < 8 && jb * 8 + r < n; r++) {
-                float v = acc[r] + (b ? b[jb * 8 + r] : 0.0f);
-                y[m * n + jb * 8 + r] = act ? gelu_new(v) : v;
+/* Inputs widened per chunk on the portable path (32 KB of floats on the stack). */
+#define PORTABLE_KC 256
+
+/* Panels p0 .. p1 - 1 for every row of x [m, k] (m <= MC), portable C: each chunk of a panel is widened
+   once into a buffer, then serves every row (sums in k order, as the SIMD paths, without FMA). */
+static void panels_portable(const float *x, int64_t m, int64_t k, const uint16_t *w, int64_t p0, int64_t p1,
+                            const float *b, float *y, int64_t n, int fmt, int act) {
+    float buf[PORTABLE_KC * PANEL], acc[MC][PANEL];
+    for (int64_t p = p0; p < p1; p++) {
+        const uint16_t *pw = w + p * k * PANEL;
+        memset(acc, 0, sizeof(float) * PANEL * (size_t)m);
+        for (int64_t i0 = 0; i0 < k; i0 += PORTABLE_KC) {
+            int64_t kc = min64(PORTABLE_KC, k - i0);
+            for (int64_t i = 0; i < kc * PANEL; i++) buf[i] = widen(pw[i0 * PANEL + i], fmt);
+            for (int64_t r = 0; r < m; r++) {
+                const float *xr = x + r * k + i0;
+                float *a = acc[r];
+                for (int64_t i = 0; i < kc; i++) {
+                    float xv = xr[i];
+                    for (int j = 0; j < PANEL; j++) a[j] += xv * buf[i * PANEL + j];
+                }
             }
         }
+        int64_t j0 = p * PANEL, cols = min64(PANEL, n - j0);
+        for (int64_t r = 0; r < m; r++)
+            for (int64_t j = 0; j < cols; j++) {
+                float v = acc[r][j] + (b ? b[j0 + j] : 0.0f);
+                y[r * n + j0 + j] = act ? gelu_new(v) : v;
+            }
     }
 }
 
-/* ------------------------------------------------------------------------- AVX2 + FMA + F16C (x86) */
+/* --------------------------------------------------------------------------------- x86 SIMD paths */
 
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
 #define HAVE_X86 1
 #include <immintrin.h>
 
 #define X86 __attribute__((target("avx2,fma,f16c")))
+#define X512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+#define INLINE inline __attribute__((always_inline))
 #ifndef PREFETCH
-#define PREFETCH 2048 /* weights (2 bytes each): 4 KB */
+#define PREFETCH 2048 /* weights (2 bytes each): 4 KB ahead of each panel's stream */
 #endif
 
-X86 static inline __m256 load8(const uint16_t *p, int fmt) {
+X86 static INLINE __m256 load8(const uint16_t *p, int fmt) {
     __m128i h = _mm_loadu_si128((const __m128i *)p);
     if (fmt == FMT_F16) return _mm256_cvtph_ps(h);
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
@@ -136,45 +167,178 @@ X86 static inline __m256 gelu8(__m256 x) {
     return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), exp8(u)));
 }
 
-/* One 8-row block for one input row: eight independent accumulators (both FMA units busy despite their
-   latency) fed by one sequential stream of weights. For more input rows the block is read again, from
-   the cache (8 rows x K x 2 bytes: 12 KB for K = 768, 48 KB for 3072). */
-X86 static void blocks_x86(const float *x, int64_t m_rows, int64_t kp, const uint16_t *w, int64_t jb0,
-                           int64_t jb1, const float *b, float *y, int64_t n, int fmt, int act) {
-    for (int64_t jb = jb0; jb < jb1; jb++) {
-        const uint16_t *blk = w + jb * 8 * kp;
-        for (int64_t m = 0; m < m_rows; m++) {
-            const float *xm = x + m * kp;
-            const uint16_t *p = blk;
-            __m256 acc[8];
-            for (int r = 0; r < 8; r++) acc[r] = _mm256_setzero_ps();
-            for (int64_t i = 0; i < kp; i += 8, p += 64) {
-                __m256 xv = _mm256_loadu_ps(xm + i);
-                /* 4 KB ahead of the stream. 1 KB ahead was 20% faster than the hardware prefetcher alone
-                   (on Zen 4); on this Zen 5 host the 49 products of a step took 4.8-5.3 ms 4 KB ahead
-                   against 6.0-6.4 ms 1 KB ahead (medians of 12 interleaved rounds, three runs). */
-                _mm_prefetch((const char *)(p + PREFETCH), _MM_HINT_T0);
-                _mm_prefetch((const char *)(p + PREFETCH + 32), _MM_HINT_T0);
-                for (int r = 0; r < 8; r++) acc[r] = _mm256_fmadd_ps(load8(p + r * 8, fmt), xv, acc[r]);
+/* The end of a tile: 8 sums of row r (outputs col .. col + 7) + bias (then gelu_new), the outputs
+   beyond n left out. Lane-wise the same operations on both paths, so their results agree. */
+X86 static INLINE void finish8(__m256 acc, const float *b, float *yr, int64_t col, int64_t n, int act) {
+    if (col >= n) return;
+    float t[8];
+    _mm256_storeu_ps(t, acc);
+    int64_t valid = min64(8, n - col);
+    if (b)
+        for (int64_t j = 0; j < valid; j++) t[j] += b[col + j];
+    if (act) _mm256_storeu_ps(t, gelu8(_mm256_loadu_ps(t)));
+    if (valid == 8) { _mm256_storeu_ps(yr + col, _mm256_loadu_ps(t)); return; }
+    for (int64_t j = 0; j < valid; j++) yr[col + j] = t[j];
+}
+
+/* AVX2 tile: `mr` rows of x times `g` consecutive panels (or, with nh = 2, the half `h0` of one panel),
+   8 outputs a vector: mr * g * nh accumulators (at most 12 of the 16 registers). */
+X86 static INLINE void tile256(const float *x, int64_t k, const uint16_t *w, int64_t gs, const int mr,
+                               const int g, const int h0, const int nh, const int fmt, const float *b,
+                               float *y, int64_t n, int64_t col0, int act) {
+    __m256 acc[6][2][4];
+#pragma GCC unroll 6
+    for (int r = 0; r < mr; r++)
+#pragma GCC unroll 2
+        for (int gg = 0; gg < g; gg++)
+#pragma GCC unroll 4
+            for (int h = 0; h < nh; h++) acc[r][gg][h] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < k; i++) {
+        const uint16_t *p = w + i * PANEL;
+#pragma GCC unroll 2
+        for (int gg = 0; gg < g; gg++) {
+            _mm_prefetch((const char *)(p + gg * gs + PREFETCH), _MM_HINT_T0);
+#pragma GCC unroll 4
+            for (int h = 0; h < nh; h++) {
+                __m256 wv = load8(p + gg * gs + (h0 + h) * 8, fmt);
+#pragma GCC unroll 6
+                for (int r = 0; r < mr; r++)
+                    acc[r][gg][h] = _mm256_fmadd_ps(wv, _mm256_set1_ps(x[r * k + i]), acc[r][gg][h]);
             }
-            float out[8];
-            for (int r = 0; r < 8; r++) out[r] = hsum(acc[r]) + (b && jb * 8 + r < n ? b[jb * 8 + r] : 0.0f);
-            if (act) _mm256_storeu_ps(out, gelu8(_mm256_loadu_ps(out)));
-            for (int r = 0; r < 8 && jb * 8 + r < n; r++) y[m * n + jb * 8 + r] = out[r];
         }
+    }
+    for (int r = 0; r < mr; r++)
+        for (int gg = 0; gg < g; gg++)
+            for (int h = 0; h < nh; h++)
+                finish8(acc[r][gg][h], b, y + r * n, col0 + gg * PANEL + (h0 + h) * 8, n, act);
+}
+
+#define ARGS256 const float *x, int64_t k, const uint16_t *w, int64_t gs, const float *b, float *y, int64_t n, \
+                int64_t col0, int act
+#define PASS256 x, k, w, gs
+#define T256(MR, G, H0, NH) \
+    X86 static void t256_##MR##_##G##_##H0##_##NH(ARGS256, int fmt) { \
+        if (fmt == FMT_F16) tile256(PASS256, MR, G, H0, NH, FMT_F16, b, y, n, col0, act); \
+        else tile256(PASS256, MR, G, H0, NH, FMT_BF16, b, y, n, col0, act); }
+T256(1, 1, 0, 4) T256(1, 2, 0, 4) T256(2, 1, 0, 4)
+T256(1, 1, 0, 2) T256(2, 1, 0, 2) T256(3, 1, 0, 2) T256(4, 1, 0, 2) T256(5, 1, 0, 2) T256(6, 1, 0, 2)
+T256(1, 1, 2, 2) T256(2, 1, 2, 2) T256(3, 1, 2, 2) T256(4, 1, 2, 2) T256(5, 1, 2, 2) T256(6, 1, 2, 2)
+
+typedef void (*tile256_fn)(ARGS256, int fmt);
+static const tile256_fn HALF256[2][7] = {
+    {NULL, t256_1_1_0_2, t256_2_1_0_2, t256_3_1_0_2, t256_4_1_0_2, t256_5_1_0_2, t256_6_1_0_2},
+    {NULL, t256_1_1_2_2, t256_2_1_2_2, t256_3_1_2_2, t256_4_1_2_2, t256_5_1_2_2, t256_6_1_2_2}};
+
+/* Panels p0 .. p1 - 1 for every row of x [m, k], AVX2: one row takes two panels at a time (8 chains);
+   two rows one whole panel; more, tiles of up to 6 rows over half a panel (the classic 6 x 16 tile). */
+X86 static void panels_avx2(const float *x, int64_t m, int64_t k, const uint16_t *w, int64_t p0, int64_t p1,
+                            const float *b, float *y, int64_t n, int fmt, int act) {
+    int64_t gs = k * PANEL;
+    for (int64_t p = p0; p < p1;) {
+        if (m == 1 && p + 1 < p1) { t256_1_2_0_4(x, k, w + p * gs, gs, b, y, n, p * PANEL, act, fmt); p += 2; continue; }
+        if (m == 1) { t256_1_1_0_4(x, k, w + p * gs, gs, b, y, n, p * PANEL, act, fmt); p++; continue; }
+        if (m == 2) { t256_2_1_0_4(x, k, w + p * gs, gs, b, y, n, p * PANEL, act, fmt); p++; continue; }
+        int64_t tiles = (m + 5) / 6;
+        for (int half = 0; half < 2; half++)
+            for (int64_t t = 0, r0 = 0; t < tiles; t++) {
+                int64_t mr = m / tiles + (t < m % tiles);
+                HALF256[half][mr](x + r0 * k, k, w + p * gs, gs, b, y + r0 * n, n, p * PANEL, act, fmt);
+                r0 += mr;
+            }
+        p++;
     }
 }
 
-/* Columns 0 .. k - k % 8 - 1 of one row of the blocked weights, widened; returns how many were done. */
-X86 static int64_t unpack_row_x86(const uint16_t *blk, int64_t k, float *row, int fmt) {
-    int64_t i = 0;
-    for (; i + 8 <= k; i += 8) _mm256_storeu_ps(row + i, load8(blk + i * 8, fmt));
-    return i;
+/* ----------------------------------------------------------------------------------------- AVX-512 */
+
+X512 static INLINE __m512 load16(const uint16_t *p, int fmt) {
+    __m256i h = _mm256_loadu_si256((const __m256i *)p);
+    if (fmt == FMT_F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-static int cpu_has_x86(void) {
+/* AVX-512 tile: `mr` rows of x times `g` consecutive panels, 16 outputs a vector: mr * g * 2
+   accumulators (at most 24 of the 32 registers). The end goes through finish8, as on the AVX2 path. */
+X512 static INLINE void tile512(const float *x, int64_t k, const uint16_t *w, int64_t gs, const int mr,
+                                const int g, const int fmt, const float *b, float *y, int64_t n, int64_t col0,
+                                int act) {
+    __m512 acc[MR_MAX][4][2];
+#pragma GCC unroll 12
+    for (int r = 0; r < mr; r++)
+#pragma GCC unroll 4
+        for (int gg = 0; gg < g; gg++) acc[r][gg][0] = acc[r][gg][1] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < k; i++) {
+        const uint16_t *p = w + i * PANEL;
+#pragma GCC unroll 4
+        for (int gg = 0; gg < g; gg++) {
+            _mm_prefetch((const char *)(p + gg * gs + PREFETCH), _MM_HINT_T0);
+            __m512 w0 = load16(p + gg * gs, fmt), w1 = load16(p + gg * gs + 16, fmt);
+#pragma GCC unroll 12
+            for (int r = 0; r < mr; r++) {
+                __m512 xv = _mm512_set1_ps(x[r * k + i]);
+                acc[r][gg][0] = _mm512_fmadd_ps(w0, xv, acc[r][gg][0]);
+                acc[r][gg][1] = _mm512_fmadd_ps(w1, xv, acc[r][gg][1]);
+            }
+        }
+    }
+    for (int r = 0; r < mr; r++)
+        for (int gg = 0; gg < g; gg++)
+            for (int h = 0; h < 2; h++) {
+                int64_t col = col0 + gg * PANEL + h * 16;
+                finish8(_mm512_castps512_ps256(acc[r][gg][h]), b, y + r * n, col, n, act);
+                finish8(_mm512_extractf32x8_ps(acc[r][gg][h], 1), b, y + r * n, col + 8, n, act);
+            }
+}
+
+#define T512(MR, G) \
+    X512 static void t512_##MR##_##G(ARGS256, int fmt) { \
+        if (fmt == FMT_F16) tile512(PASS256, MR, G, FMT_F16, b, y, n, col0, act); \
+        else tile512(PASS256, MR, G, FMT_BF16, b, y, n, col0, act); }
+T512(1, 1) T512(1, 2) T512(1, 3) T512(1, 4) T512(2, 1) T512(2, 2) T512(3, 1) T512(3, 2)
+T512(4, 1) T512(5, 1) T512(6, 1) T512(7, 1) T512(8, 1) T512(9, 1) T512(10, 1) T512(11, 1) T512(12, 1)
+
+static const tile256_fn ROWS512[MR_MAX + 1] = {NULL, t512_1_1, t512_2_1, t512_3_1, t512_4_1, t512_5_1,
+    t512_6_1, t512_7_1, t512_8_1, t512_9_1, t512_10_1, t512_11_1, t512_12_1};
+static const tile256_fn WIDE512[4][5] = {{NULL}, {NULL, t512_1_1, t512_1_2, t512_1_3, t512_1_4},
+                                         {NULL, t512_2_1, t512_2_2}, {NULL, t512_3_1, t512_3_2}};
+
+/* Panels p0 .. p1 - 1 for every row of x [m, k], AVX-512: one row takes four panels at a time (8 FMA
+   chains, 4 streams), two or three rows two panels; more, tiles of up to MR_MAX rows, balanced. */
+X512 static void panels_avx512(const float *x, int64_t m, int64_t k, const uint16_t *w, int64_t p0,
+                               int64_t p1, const float *b, float *y, int64_t n, int fmt, int act) {
+    int64_t gs = k * PANEL;
+    if (m <= 3) {
+        int64_t most = m == 1 ? 4 : 2;
+        for (int64_t p = p0; p < p1;) {
+            int64_t g = min64(most, p1 - p);
+            WIDE512[m][g](x, k, w + p * gs, gs, b, y, n, p * PANEL, act, fmt);
+            p += g;
+        }
+        return;
+    }
+    int64_t tiles = (m + MR_MAX - 1) / MR_MAX;
+    for (int64_t p = p0; p < p1; p++)
+        for (int64_t t = 0, r0 = 0; t < tiles; t++) {
+            int64_t mr = m / tiles + (t < m % tiles);
+            ROWS512[mr](x + r0 * k, k, w + p * gs, gs, b, y + r0 * n, n, p * PANEL, act, fmt);
+            r0 += mr;
+        }
+}
+
+/* The 32 weights of one input of a panel, widened. */
+X86 static void widen32_x86(const uint16_t *src, float *out, int fmt) {
+    for (int j = 0; j < PANEL; j += 8) _mm256_storeu_ps(out + j, load8(src + j, fmt));
+}
+
+static int cpu_has_avx2(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
+
+static int cpu_has_avx512(void) {
+    __builtin_cpu_init();
+    return cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
+           && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
 }
 #else
 #define HAVE_X86 0
@@ -182,29 +346,28 @@ static int cpu_has_x86(void) {
 
 /* ------------------------------------------------------------------------------------ entry points */
 
+static int detected_path(void) {
 #if HAVE_X86
-static int use_x86 = -1;
-#endif
-
-/* Which code path runs here: 1 = AVX2 + FMA + F16C, 0 = portable C. */
-static int simd_path(void) {
-#if HAVE_X86
-    if (use_x86 < 0) use_x86 = cpu_has_x86();
-    return use_x86;
+    return cpu_has_avx512() ? PATH_AVX512 : cpu_has_avx2() ? PATH_AVX2 : PATH_PORTABLE;
 #else
-    return 0;
+    return PATH_PORTABLE;
 #endif
 }
 
-/* With `portable` 1, every later call takes the portable C path even where the CPU has AVX2 (the tests
-   run it so on x86 machines; it is what ARM and older CPUs run); 0 goes back to the detected path.
+static int path = -1;
+
+/* Which code path runs here: PATH_AVX512 (2), PATH_AVX2 (1) or PATH_PORTABLE (0). */
+static int simd_path(void) {
+    if (path < 0) path = detected_path();
+    return path;
+}
+
+/* Every later call takes at most path `limit` (the tests run each path so on an AVX-512 machine; the
+   portable one is what ARM and older CPUs run); a limit above what the CPU has gives the detected path.
    Returns simd_path() after the change. */
-static int force_portable(int portable) {
-#if HAVE_X86
-    use_x86 = portable ? 0 : cpu_has_x86();
-#else
-    (void)portable;
-#endif
+static int limit_path(int limit) {
+    int found = detected_path();
+    path = limit < found ? (limit < 0 ? 0 : limit) : found;
     return simd_path();
 }
 
@@ -217,47 +380,64 @@ static int max_threads(void) {
 #endif
 }
 
-/* y = x @ w.T + b, see the top of the file: x is [M, kp] (kp = K padded to a multiple of 8, the padding
-   zero), w the blocked weights of N rows (N padded to np8), y [M, N]; with `act` 1, y = gelu_new(x @ w.T
-   + b) (the MLP's first product). The 8-row blocks are split among `threads` threads. Returns 0. */
-static int matmul_blocks(const float *x, int64_t m_rows, int64_t kp, const uint16_t *w, int64_t n,
-                        const float *b, float *y, int fmt, int threads, int act) {
-    int64_t blocks = (n + 7) / 8, per = 8;  /* 64 output rows per task */
-    int64_t tasks = (blocks + per - 1) / per;
+/* Panels p0 .. p1 - 1 of y [m, n] for rows x [m, k] (m <= MC), on path `simd`. */
+static void panels(int simd, const float *x, int64_t m, int64_t k, const uint16_t *w, int64_t p0, int64_t p1,
+                   const float *b, float *y, int64_t n, int fmt, int act) {
+#if HAVE_X86
+    if (simd == PATH_AVX512) { panels_avx512(x, m, k, w, p0, p1, b, y, n, fmt, act); return; }
+    if (simd == PATH_AVX2) { panels_avx2(x, m, k, w, p0, p1, b, y, n, fmt, act); return; }
+#endif
+    (void)simd;
+    panels_portable(x, m, k, w, p0, p1, b, y, n, fmt, act);
+}
+
+/* y = x @ w.T + b, see the top of the file: x is [m, k], w the panels of n outputs, y [m, n]; with `act`
+   1, y = gelu_new(x @ w.T + b) (the MLP's first product). MC rows at a time, each chunk's panels split
+   among `threads` threads in tasks of TASK panels. Returns 0. */
+static int product(const float *x, int64_t m, int64_t k, const uint16_t *w, int64_t n, const float *b, float *y,
+                   int fmt, int threads, int act) {
+    int64_t count = (n + PANEL - 1) / PANEL, tasks = (count + TASK - 1) / TASK;
+    int simd = simd_path();
+    (void)threads;
+    for (int64_t m0 = 0; m0 < m; m0 += MC) {
+        int64_t mc = min64(MC, m - m0);
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1) if (threads > 1 && tasks > 1)
+#endif
+        for (int64_t t = 0; t < tasks; t++)
+            panels(simd, x + m0 * k, mc, k, w, t * TASK, min64(count, (t + 1) * TASK), b, y + m0 * n, n, fmt, act);
+    }
+    return 0;
+}
+
+/* The float32 rows j0 .. j1 - 1 of the panels as a plain [j1 - j0, k] array: the embedding's gather and
+   the host copy of a weight. */
+static void unpack_rows(const uint16_t *w, int64_t k, int64_t j0, int64_t j1, float *dst, int fmt) {
+    for (int64_t j = j0; j < j1; j++) {
+        const uint16_t *col = w + (j / PANEL) * k * PANEL + j % PANEL;
+        float *row = dst + (j - j0) * k;
+        for (int64_t i = 0; i < k; i++) row[i] = widen(col[i * PANEL], fmt);
+    }
+}
+
+/* Panels p0 .. p1 - 1 as float32 [k, (p1 - p0) * PANEL] (row-major: x @ it is the product of those
+   outputs), for BLAS. Split among `threads` threads by rows of k. */
+static void unpack_t(const uint16_t *w, int64_t k, int64_t p0, int64_t p1, float *dst, int fmt, int threads) {
+    int64_t cols = (p1 - p0) * PANEL;
     int simd = simd_path();
     (void)threads; (void)simd;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1) if (threads > 1)
 #endif
-    for (int64_t t = 0; t < tasks; t++) {
-        int64_t jb0 = t * per, jb1 = jb0 + per < blocks ? jb0 + per : blocks;
+    for (int64_t i = 0; i < k; i++)
+        for (int64_t p = p0; p < p1; p++) {
+            const uint16_t *src = w + p * k * PANEL + i * PANEL;
+            float *out = dst + i * cols + (p - p0) * PANEL;
 #if HAVE_X86
-        if (simd) { blocks_x86(x, m_rows, kp, w, jb0, jb1, b, y, n, fmt, act); continue; }
+            if (simd) { widen32_x86(src, out, fmt); continue; }
 #endif
-        blocks_portable(x, m_rows, kp, w, jb0, jb1, b, y, n, fmt, act);
-    }
-    return 0;
-}
-
-/* The float32 rows j0 .. j1 - 1 of the blocked weights, as a plain [j1 - j0, k]
-   array (k <= kp: the padding columns are left out). For products of many rows, which BLAS does faster
-   on float32 weights than any kernel here. Split among `threads` threads. Returns 0. */
-static int unpack_rows(const uint16_t *w, int64_t kp, int64_t j0, int64_t j1, int64_t k, float *dst,
-                        int fmt, int threads) {
-    (void)threads;
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1) if (threads > 1)
-#endif
-    for (int64_t j = j0; j < j1; j++) {
-        const uint16_t *blk = w + (j / 8) * 8 * kp + (j % 8) * 8;
-        float *row = dst + (j - j0) * k;
-        int64_t i = 0;
-#if HAVE_X86
-        if (simd_path()) i = unpack_row_x86(blk, k, row, fmt);
-#endif
-        for (; i < k; i++) row[i] = widen(blk[(i / 8) * 64 + i % 8], fmt);
-    }
-    return 0;
+            for (int j = 0; j < PANEL; j++) out[j] = widen(src[j], fmt);
+        }
 }
 
 /* ----------------------------------------------------- the small kernels of a decode step, in C
@@ -444,14 +624,12 @@ static Py_buffer *take(Held *h, PyObject *o, char code, int ndim, int writable) 
     return v;
 }
 
-/* Blocked 16-bit weights of n output rows over k inputs (see the top of the file): a uint16 array
-   [ceil(n/8), ceil(k/8), 8, 8]. Its padded width kp is set. NULL if it is not that. */
-static Py_buffer *take_weight(Held *h, PyObject *o, int64_t n, int64_t k, int64_t *kp) {
-    Py_buffer *v = take(h, o, 'H', 4, 0);
-    if (!v || n < 1 || k < 1 || v->shape[0] != (n + 7) / 8 || v->shape[1] != (k + 7) / 8 || v->shape[2] != 8
-        || v->shape[3] != 8)
+/* 16-bit weights of n outputs over k inputs in panels (see the top of the file): a uint16 array
+   [ceil(n / PANEL), k, PANEL]. NULL if it is not that. */
+static Py_buffer *take_weight(Held *h, PyObject *o, int64_t n, int64_t k) {
+    Py_buffer *v = take(h, o, 'H', 3, 0);
+    if (!v || n < 1 || k < 1 || v->shape[0] != (n + PANEL - 1) / PANEL || v->shape[1] != k || v->shape[2] != PANEL)
         return NULL;
-    *kp = v->shape[1] * 8;
     return v;
 }
 
@@ -489,22 +667,6 @@ static int check_nargs(Py_ssize_t n, Py_ssize_t want, const char *name) {
     return 0;
 }
 
-/* y [m, n] = x [m, k] @ w.T + b (then gelu_new with act), copying x into a zero-padded buffer where k is
-   not a multiple of 8. Returns 0, or -1 out of memory. Runs without the GIL. */
-static int product(const float *x, int64_t m, int64_t k, const uint16_t *w, int64_t kp, int64_t n, const float *b,
-                   float *y, int fmt, int threads, int act) {
-    float *pad = NULL;
-    if (k != kp) {
-        pad = calloc((size_t)(m * kp), sizeof(float));
-        if (!pad) return -1;
-        for (int64_t r = 0; r < m; r++) memcpy(pad + r * kp, x + r * k, sizeof(float) * (size_t)k);
-        x = pad;
-    }
-    matmul_blocks(x, m, kp, w, n, b, y, fmt, threads, act);
-    free(pad);
-    return 0;
-}
-
 #define NOT_TAKEN do { release(&h); Py_RETURN_FALSE; } while (0)
 
 /* matmul(x, w, n, b, y, fmt, threads, gelu): y [m, n] = x [m, k] @ the blocked w (n rows) .T + b (None:
@@ -512,7 +674,7 @@ static int product(const float *x, int64_t m, int64_t k, const uint16_t *w, int6
 static PyObject *py_matmul(PyObject *self, PyObject *const *a, Py_ssize_t na) {
     (void)self;
     Held h = {.n = 0};
-    int64_t n, fmt, threads, kp;
+    int64_t n, fmt, threads;
     if (!check_nargs(na, 8, "matmul") || !as_int64(a[2], &n) || !as_int64(a[5], &fmt) || !as_int64(a[6], &threads))
         return NULL;
     int act = PyObject_IsTrue(a[7]);
@@ -521,13 +683,13 @@ static PyObject *py_matmul(PyObject *self, PyObject *const *a, Py_ssize_t na) {
     Py_buffer *x = take(&h, a[0], 'f', 2, 0);
     if (!x) NOT_TAKEN;
     int64_t m = x->shape[0], k = x->shape[1];
-    Py_buffer *w = take_weight(&h, a[1], n, k, &kp);
+    Py_buffer *w = take_weight(&h, a[1], n, k);
     Py_buffer *y = take(&h, a[4], 'f', 2, 1);
     if (!w || !y || !known_format(fmt) || !take_vector(&h, a[3], n, &b) || y->shape[0] != m || y->shape[1] != n)
         NOT_TAKEN;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = product(x->buf, m, k, w->buf, kp, n, b, y->buf, (int)fmt, (int)threads, act);
+    rc = product(x->buf, m, k, w->buf, n, b, y->buf, (int)fmt, (int)threads, act);
     Py_END_ALLOW_THREADS
     release(&h);
     if (rc) return PyErr_NoMemory();
@@ -539,17 +701,18 @@ static PyObject *py_matmul(PyObject *self, PyObject *const *a, Py_ssize_t na) {
 static PyObject *py_unpack(PyObject *self, PyObject *const *a, Py_ssize_t na) {
     (void)self;
     Held h = {.n = 0};
-    int64_t n, j0, j1, k, fmt, threads, kp;
+    int64_t n, j0, j1, k, fmt, threads;
     if (!check_nargs(na, 8, "unpack") || !as_int64(a[1], &n) || !as_int64(a[2], &j0) || !as_int64(a[3], &j1)
         || !as_int64(a[4], &k) || !as_int64(a[6], &fmt) || !as_int64(a[7], &threads))
         return NULL;
-    Py_buffer *w = take_weight(&h, a[0], n, k, &kp);
+    Py_buffer *w = take_weight(&h, a[0], n, k);
     Py_buffer *out = take(&h, a[5], 'f', 2, 1);
     if (!w || !out || !known_format(fmt) || j0 < 0 || j1 > n || j1 < j0 || out->shape[0] != j1 - j0
         || out->shape[1] != k)
         NOT_TAKEN;
     Py_BEGIN_ALLOW_THREADS
-    unpack_rows(w->buf, kp, j0, j1, k, out->buf, (int)fmt, (int)threads);
+    (void)threads;
+    unpack_rows(w->buf, k, j0, j1, out->buf, (int)fmt);
     Py_END_ALLOW_THREADS
     release(&h);
     Py_RETURN_TRUE;
@@ -613,7 +776,7 @@ static PyObject *py_attention(PyObject *self, PyObject *const *a, Py_ssize_t na)
 static PyObject *py_self_attention(PyObject *self, PyObject *const *a, Py_ssize_t na) {
     (void)self;
     Held h = {.n = 0};
-    int64_t offset, n_head, fmt, threads, kp_attn, kp_proj;
+    int64_t offset, n_head, fmt, threads;
     if (!check_nargs(na, 12, "self_attention") || !as_int64(a[7], &offset) || !as_int64(a[8], &n_head)
         || !as_int64(a[9], &fmt) || !as_int64(a[10], &threads))
         return NULL;
@@ -621,7 +784,7 @@ static PyObject *py_self_attention(PyObject *self, PyObject *const *a, Py_ssize_
     Py_buffer *x = take(&h, a[0], 'f', 3, 0);
     if (!x || n_head < 1) NOT_TAKEN;
     int64_t b = x->shape[0], t = x->shape[1], c = x->shape[2], m = b * t, d = c / n_head;
-    Py_buffer *wa = take_weight(&h, a[1], 3 * c, c, &kp_attn), *wp = take_weight(&h, a[3], c, c, &kp_proj);
+    Py_buffer *wa = take_weight(&h, a[1], 3 * c, c), *wp = take_weight(&h, a[3], c, c);
     Py_buffer *k = take(&h, a[5], 'f', 4, 1), *v = take(&h, a[6], 'f', 4, 1), *out = take(&h, a[11], 'f', 3, 1);
     if (!wa || !wp || !out || !known_format(fmt) || c % n_head || !caches_fit(k, v, b, n_head, d, offset, t)
         || !same_shape(out, x)
@@ -633,9 +796,9 @@ static PyObject *py_self_attention(PyObject *self, PyObject *const *a, Py_ssize_
     float *y = qkv + m * 3 * c;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = product(x->buf, m, c, wa->buf, kp_attn, 3 * c, b_attn, qkv, (int)fmt, (int)threads, 0);
+    rc = product(x->buf, m, c, wa->buf, 3 * c, b_attn, qkv, (int)fmt, (int)threads, 0);
     if (!rc) qkv_attention(qkv, b, t, n_head, d, k->buf, v->buf, l, offset, y, (int)threads);
-    if (!rc) rc = product(y, m, c, wp->buf, kp_proj, c, b_proj, out->buf, (int)fmt, (int)threads, 0);
+    if (!rc) rc = product(y, m, c, wp->buf, c, b_proj, out->buf, (int)fmt, (int)threads, 0);
     Py_END_ALLOW_THREADS
     free(qkv);
     release(&h);
@@ -649,14 +812,14 @@ static PyObject *py_self_attention(PyObject *self, PyObject *const *a, Py_ssize_
 static PyObject *py_mlp(PyObject *self, PyObject *const *a, Py_ssize_t na) {
     (void)self;
     Held h = {.n = 0};
-    int64_t f, fmt, threads, kp_fc, kp_proj;
+    int64_t f, fmt, threads;
     if (!check_nargs(na, 9, "mlp") || !as_int64(a[2], &f) || !as_int64(a[6], &fmt) || !as_int64(a[7], &threads))
         return NULL;
     const float *b_fc, *b_proj;
     Py_buffer *x = take(&h, a[0], 'f', 2, 0);
     if (!x) NOT_TAKEN;
     int64_t m = x->shape[0], c = x->shape[1];
-    Py_buffer *wf = take_weight(&h, a[1], f, c, &kp_fc), *wp = take_weight(&h, a[4], c, f, &kp_proj);
+    Py_buffer *wf = take_weight(&h, a[1], f, c), *wp = take_weight(&h, a[4], c, f);
     Py_buffer *out = take(&h, a[8], 'f', 2, 1);
     if (!wf || !wp || !out || !known_format(fmt) || !same_shape(out, x) || !take_vector(&h, a[3], f, &b_fc)
         || !take_vector(&h, a[5], c, &b_proj))
@@ -665,8 +828,8 @@ static PyObject *py_mlp(PyObject *self, PyObject *const *a, Py_ssize_t na) {
     if (!hidden) { release(&h); return PyErr_NoMemory(); }
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = product(x->buf, m, c, wf->buf, kp_fc, f, b_fc, hidden, (int)fmt, (int)threads, 1);
-    if (!rc) rc = product(hidden, m, f, wp->buf, kp_proj, c, b_proj, out->buf, (int)fmt, (int)threads, 0);
+    rc = product(x->buf, m, c, wf->buf, f, b_fc, hidden, (int)fmt, (int)threads, 1);
+    if (!rc) rc = product(hidden, m, f, wp->buf, c, b_proj, out->buf, (int)fmt, (int)threads, 0);
     Py_END_ALLOW_THREADS
     free(hidden);
     release(&h);
@@ -679,11 +842,21 @@ static PyObject *py_simd(PyObject *self, PyObject *unused) {
     return PyLong_FromLong(simd_path());
 }
 
+/* force_portable(flag): with flag true, every later call takes the portable C path; false, the detected one. */
 static PyObject *py_force_portable(PyObject *self, PyObject *flag) {
     (void)self;
     int portable = PyObject_IsTrue(flag);
     if (portable < 0) return NULL;
-    return PyLong_FromLong(force_portable(portable));
+    return PyLong_FromLong(limit_path(portable ? PATH_PORTABLE : PATH_AVX512));
+}
+
+/* force_avx2(flag): with flag true, every later call takes at most the AVX2 path (AVX-512 machines test
+   it so); false, the detected one. */
+static PyObject *py_force_avx2(PyObject *self, PyObject *flag) {
+    (void)self;
+    int avx2 = PyObject_IsTrue(flag);
+    if (avx2 < 0) return NULL;
+    return PyLong_FromLong(limit_path(avx2 ? PATH_AVX2 : PATH_AVX512));
 }
 
 static PyObject *py_max_threads(PyObject *self, PyObject *unused) {
@@ -700,9 +873,11 @@ static PyMethodDef functions[] = {
     FAST(self_attention, "self_attention(x, w_attn, b_attn, w_proj, b_proj, k, v, offset, n_head, fmt, "
                          "threads, out) -> bool: a decode step's attention block."),
     FAST(mlp, "mlp(x, w_fc, f, b_fc, w_proj, b_proj, fmt, threads, out) -> bool: a decode step's MLP."),
-    {"simd", py_simd, METH_NOARGS, "simd() -> 1 on the AVX2 + FMA + F16C path, 0 on portable C."},
+    {"simd", py_simd, METH_NOARGS, "simd() -> 2 on the AVX-512 path, 1 on AVX2 + FMA + F16C, 0 on portable C."},
     {"force_portable", py_force_portable, METH_O,
      "force_portable(flag) -> simd(): with flag true, every later call takes the portable C path."},
+    {"force_avx2", py_force_avx2, METH_O,
+     "force_avx2(flag) -> simd(): with flag true, every later call takes at most the AVX2 path."},
     {"max_threads", py_max_threads, METH_NOARGS, "max_threads() -> the most threads a call may use."},
     {NULL, NULL, 0, NULL}};
 

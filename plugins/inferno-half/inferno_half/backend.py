@@ -52,8 +52,10 @@ MATRICES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.
             "wte.weight", "lm_head.weight")
 #: The formats, by option value: (numpy dtype of the stored bits, the kernel's format code).
 FORMATS = {"float16": 0, "bfloat16": 1}
+#: Outputs per panel of the packed weights (`_kernels.c`'s PANEL).
+PANEL = 32
 #: Products of up to this many rows run in the compiled kernel; more go to BLAS (see the module docstring).
-SMALL_M = 8
+SMALL_M = 64
 #: Float32 bytes unpacked per BLAS call on the many-row path.
 UNPACK_BYTES = 8 << 20
 #: The most threads one may ask for (as for cpu-threaded).
@@ -103,10 +105,11 @@ def from_bits(bits: np.ndarray, fmt: str) -> np.ndarray:
 
 
 class Weight16:
-    """A matrix of a `linear` (or the embedding/head) as this backend keeps it: the rows of the [out, in]
-    matrix in 16 bits, padded with zeros to multiples of 8 both ways and blocked as
-    [out/8][in/8][8 rows][8 columns], so that the kernel reads them in order. ``shape`` is [in, out],
-    the protocol's view of a linear weight; ``rows`` is [out, in], the embedding's."""
+    """A matrix of a `linear` (or the embedding/head) as this backend keeps it: the [out, in] matrix in
+    16 bits, its outputs padded with zeros to a multiple of `PANEL` and stored in panels
+    [out/32][in][32] (the 32 weights of one input for 32 outputs side by side), so that the kernel reads
+    them in order. ``shape`` is [in, out], the protocol's view of a linear weight; ``rows`` is [out, in],
+    the embedding's."""
 
     __slots__ = ("blocks", "rows", "fmt")
 
@@ -126,31 +129,31 @@ class Weight16:
         n, k = self.rows
         flat = ids.reshape(-1)
         if _KERNELS is not None:
-            # One C call a row: NumPy's gather across the blocks took ~50 us for one token.
+            # One C call a row: NumPy's gather across the panels took ~50 us for one token.
             out = np.empty((len(flat), k), np.float32)
             if all(_KERNELS.unpack(self.blocks, n, j, j + 1, k, out[i : i + 1], FORMATS[self.fmt], 1)
                    for i, j in enumerate(flat.tolist())):
                 return out.reshape(*ids.shape, k)
-        kp = self.blocks.shape[1] * 8
-        # Row j's column i sits at blocks[j // 8, i // 8, j % 8, i % 8].
-        got = self.blocks[flat // 8, :, flat % 8, :].reshape(len(flat), kp)[:, :k]
+        # Row j's input i sits at blocks[j // PANEL, i, j % PANEL].
+        got = self.blocks[flat // PANEL, :, flat % PANEL]
         return from_bits(np.ascontiguousarray(got), self.fmt).reshape(*ids.shape, k)
 
     def __repr__(self) -> str:
-        return f"Weight16({self.rows[0]}x{self.rows[1]} [out, in], {self.fmt}, blocked)"
+        return f"Weight16({self.rows[0]}x{self.rows[1]} [out, in], {self.fmt}, panels of {PANEL})"
 
 
 def pack(out_in: np.ndarray, fmt: str) -> Weight16:
-    """A float32 [out, in] matrix → `Weight16`, converted a few rows at a time (no full-size temporary)."""
+    """A float32 [out, in] matrix → `Weight16`, converted a few panels at a time (no full-size temporary)."""
     n, k = out_in.shape
-    n8, k8 = -(-n // 8), -(-k // 8)
-    blocks = np.zeros((n8, k8, 8, 8), dtype=np.uint16)
-    step = max(8, (UNPACK_BYTES // max(1, 4 * k)) // 8 * 8)
+    count = -(-n // PANEL)
+    blocks = np.zeros((count, k, PANEL), dtype=np.uint16)
+    step = max(PANEL, (UNPACK_BYTES // max(1, 4 * k)) // PANEL * PANEL)
     for j0 in range(0, n, step):
         j1 = min(n, j0 + step)
-        part = np.zeros(((j1 - j0 + 7) // 8 * 8, k8 * 8), dtype=np.uint16)
-        part[: j1 - j0, :k] = to_bits(out_in[j0:j1], fmt)
-        blocks[j0 // 8 : j0 // 8 + part.shape[0] // 8] = part.reshape(-1, 8, k8, 8).transpose(0, 2, 1, 3)
+        part = np.zeros((-(-(j1 - j0) // PANEL) * PANEL, k), dtype=np.uint16)
+        part[: j1 - j0] = to_bits(out_in[j0:j1], fmt)
+        p0 = j0 // PANEL
+        blocks[p0 : p0 + part.shape[0] // PANEL] = part.reshape(-1, PANEL, k).transpose(0, 2, 1)
     return Weight16(blocks, (n, k), fmt)
 
 
@@ -319,15 +322,15 @@ class HalfBackend(NumpyBackend):
             self._workers = None
 
     def _unpack(self, w: Weight16, j0: int, j1: int) -> np.ndarray:
-        """Rows j0 .. j1 - 1 of `w`'s [out, in] matrix as float32 (j0 a multiple of 8). One thread: BLAS
-        runs next on all the cores, and OpenMP threads still spinning would take them from it."""
+        """Rows j0 .. j1 - 1 of `w`'s [out, in] matrix as float32."""
         n, k = w.rows
         if _KERNELS is not None:
             out = np.empty((j1 - j0, k), np.float32)
             if _KERNELS.unpack(w.blocks, n, j0, j1, k, out, self._code, 1):
                 return out
-        part = w.blocks[j0 // 8 : (j1 + 7) // 8].transpose(0, 2, 1, 3).reshape(-1, w.blocks.shape[1] * 8)
-        return from_bits(np.ascontiguousarray(part[: j1 - j0, :k]), w.fmt)
+        p0 = j0 // PANEL
+        part = w.blocks[p0 : -(-j1 // PANEL)].transpose(0, 2, 1).reshape(-1, k)
+        return from_bits(np.ascontiguousarray(part[j0 - p0 * PANEL : j1 - p0 * PANEL]), w.fmt)
 
 
 def _f32(a: np.ndarray) -> np.ndarray:
@@ -339,8 +342,8 @@ def _bias(b: np.ndarray | None) -> np.ndarray | None:
 
 
 def _split(n: int, parts: int) -> list[tuple[int, int]]:
-    """[0, n) in up to `parts` contiguous ranges whose starts are multiples of 8."""
-    per = -(-n // max(1, parts) // 8) * 8 or 8
+    """[0, n) in up to `parts` contiguous ranges whose starts are multiples of `PANEL`."""
+    per = -(-n // max(1, parts) // PANEL) * PANEL or PANEL
     return [(j0, min(n, j0 + per)) for j0 in range(0, n, per)]
 
 

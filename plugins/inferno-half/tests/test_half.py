@@ -22,18 +22,22 @@ FORMATS = ["float16", "bfloat16"]
 PROMPTS = ["Hello", "The quick brown fox", "Once upon a time", "def main():", "Numbers: 1, 2, 3,", "新年快乐"]
 
 
-@pytest.fixture(params=["detected", "portable"])
+@pytest.fixture(params=["detected", "avx2", "portable"])
 def kernel_path(request):
-    """Each kernel test twice: on the path detected here (AVX2 on x86) and on the portable C path that
-    ARM and older CPUs run."""
+    """Each kernel test on every path this CPU can run: the detected one (AVX-512 where the CPU has it),
+    AVX2 + FMA + F16C (what x86 CPUs without AVX-512 run), and portable C (ARM, older CPUs)."""
     kernels = hb._KERNELS  # (a test may monkeypatch hb._KERNELS away before this resets the path)
     if kernels is None:
-        if request.param == "portable":
+        if request.param != "detected":
             pytest.skip("the C kernels are not built")
         yield request.param
         return
     if request.param == "portable":
         assert kernels.force_portable(1) == 0
+    elif request.param == "avx2":
+        if kernels.force_avx2(1) != 1:
+            kernels.force_avx2(0)
+            pytest.skip("this CPU has no AVX2 + FMA + F16C")
     try:
         yield request.param
     finally:
@@ -83,10 +87,12 @@ def test_pack_keeps_every_value_and_row_gather(fmt, n, k):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("m", [1, 2, 3, 5, 8, 9, 40])
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 8, 12, 13, 16, 40, 64, 65])
 @pytest.mark.parametrize("n, k", [(21, 13), (67, 48), (300, 96)])
 def test_linear_matches_float64_of_the_rounded_weights(fmt, m, n, k, monkeypatch, kernel_path):
-    # Both paths (the compiled kernel up to SMALL_M rows, unpacked BLAS above) and the NumPy fallback.
+    # Both paths (the compiled kernel up to SMALL_M rows, unpacked BLAS above) and the NumPy fallback:
+    # every tile shape of the kernel (1, 2, 3 rows over several panels; tiles of up to 12 rows, balanced),
+    # outputs not a multiple of the panel's 32.
     rng = np.random.default_rng(m * 1000 + n)
     x = rng.standard_normal((m, k)).astype(np.float32)
     w_in_out = rng.standard_normal((k, n)).astype(np.float32)
@@ -101,6 +107,55 @@ def test_linear_matches_float64_of_the_rounded_weights(fmt, m, n, k, monkeypatch
     assert np.all(np.abs(got - want) <= 1e-6 * scale)
     monkeypatch.setattr(hb, "_KERNELS", None)  # the fallback: every product unpacked in NumPy
     np.testing.assert_allclose(be.linear(x[None], w, b)[0], got, rtol=1e-5, atol=1e-5 * float(scale.max()))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("m", [97, 200])
+def test_kernel_product_of_many_rows_matches_float64(fmt, m, kernel_path):
+    # More rows than one pass over the weights takes (MC = 96): the kernel's row chunks, GELU included.
+    rng = np.random.default_rng(m)
+    k, n = 40, 70
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    w_in_out = rng.standard_normal((k, n)).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    w = hb.pack(w_in_out.T, fmt)
+    y = np.empty((m, n), np.float32)
+    assert hb._KERNELS.matmul(x, w.blocks, n, b, y, hb.FORMATS[fmt], 2, True)
+    want = _gelu64(x.astype(np.float64) @ _rounded(w_in_out, fmt) + b)
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_row_gets_the_same_bits_in_any_batch_and_on_either_simd_path(fmt):
+    # Each output is one FMA chain over k whatever the tile, so a sequence's logits do not depend on who
+    # shares its step; and the AVX2 and AVX-512 paths compute the same chains.
+    rng = np.random.default_rng(5)
+    k, n = 200, 300
+    x = rng.standard_normal((40, k)).astype(np.float32)
+    w = hb.pack(rng.standard_normal((n, k)).astype(np.float32), fmt)
+    b = rng.standard_normal(n).astype(np.float32)
+
+    def product(rows):
+        y = np.empty((len(rows), n), np.float32)
+        assert hb._KERNELS.matmul(np.ascontiguousarray(rows), w.blocks, n, b, y, hb.FORMATS[fmt], 2, False)
+        return y
+
+    paths = [hb._KERNELS.simd()]
+    try:
+        if paths[0] == 2 and hb._KERNELS.force_avx2(1) == 1:
+            paths.append(1)
+        results = []
+        for p in paths:
+            hb._KERNELS.force_avx2(p == 1)
+            whole = product(x)
+            for m in (1, 2, 3, 5, 16, 39):
+                np.testing.assert_array_equal(product(x[:m]), whole[:m])
+            np.testing.assert_array_equal(product(x[7:8]), whole[7:8])
+            results.append(whole)
+    finally:
+        hb._KERNELS.force_portable(0)
+    for other in results[1:]:
+        np.testing.assert_array_equal(other, results[0])
 
 
 def _rounded(w_in_out: np.ndarray, fmt: str) -> np.ndarray:
@@ -180,7 +235,13 @@ def test_kernel_is_compiled_and_uses_simd_here():
     assert HalfBackend().compiled
     import platform
     if platform.machine() in ("x86_64", "AMD64"):
-        assert hb._KERNELS.simd() in (0, 1)
+        flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+        if re.search(r"\bavx512f\b", flags) and re.search(r"\bavx512bw\b", flags):
+            assert hb._KERNELS.simd() == 2
+        elif re.search(r"\bavx2\b", flags) and re.search(r"\bf16c\b", flags):
+            assert hb._KERNELS.simd() == 1
+        else:
+            assert hb._KERNELS.simd() in (0, 1, 2)
 
 
 def test_registered_with_its_options():
