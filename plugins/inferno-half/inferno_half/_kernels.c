@@ -591,6 +591,58 @@ static int qkv_attention(const float *qkv, int64_t b, int64_t t, int64_t h, int6
     return 0;
 }
 
+/* The attention of a ragged step from the fused projection: qkv [n, 3, h, d] holds the tokens of R rows
+   one after another (row r: `len[r]` tokens from `start[r]`, at positions off[r] .. of its own caches
+   k[r], v[r], each [h, l[r], d]). Writes every row's new keys and values into its caches, then attends
+   all (token, head) pairs in one parallel loop, into out [n, h, d]. Returns 0, or -1 out of memory. */
+static int ragged_attention(const float *qkv, int64_t n, int64_t h, int64_t d, int64_t rows, const int64_t *start,
+                            const int64_t *len, const int64_t *off, float *const *k, float *const *v,
+                            const int64_t *l, float *out, int threads) {
+    int64_t c = h * d;
+    int64_t *row_of = malloc(sizeof(int64_t) * (size_t)(n > 0 ? n : 1));
+    if (!row_of) return -1;
+    int64_t most = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t i = 0; i < len[r]; i++) {
+            int64_t tok = start[r] + i;
+            row_of[tok] = r;
+            for (int64_t head = 0; head < h; head++) {
+                const float *src = qkv + tok * 3 * c + head * d;
+                int64_t at = (head * l[r] + off[r] + i) * d;
+                memcpy(k[r] + at, src + c, sizeof(float) * (size_t)d);
+                memcpy(v[r] + at, src + 2 * c, sizeof(float) * (size_t)d);
+            }
+        }
+        if (off[r] + len[r] > most) most = off[r] + len[r];
+    }
+    float scale = 1.0f / sqrtf((float)d);
+    int simd = HAVE_X86 && d % 8 == 0 && simd_path();
+    (void)threads; (void)simd;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 4) num_threads(threads > 0 ? threads : 1) if (threads > 1 && n * h * most >= 512)
+#endif
+    for (int64_t item = 0; item < n * h; item++) {
+        int64_t tok = item / h, head = item % h, r = row_of[tok];
+        int64_t keys = off[r] + (tok - start[r]) + 1;
+        const float *qi = qkv + tok * 3 * c + head * d;
+        const float *kh = k[r] + head * l[r] * d, *vh = v[r] + head * l[r] * d;
+        float *o = out + tok * c + head * d;
+#if HAVE_X86
+        if (simd) {
+            float buf[STACK_KEYS], *s = keys <= STACK_KEYS ? buf : malloc(sizeof(float) * (size_t)keys);
+            if (s) {
+                attend_x86(qi, kh, vh, keys, d, scale, s, o);
+                if (s != buf) free(s);
+                continue;
+            }
+        }
+#endif
+        attend_portable(qi, kh, vh, keys, d, scale, o);
+    }
+    free(row_of);
+    return 0;
+}
+
 /* ------------------------------------------------------------ the Python functions (buffer protocol)
    Arrays come in through the buffer protocol, ~0.05 us an array: through ctypes, a NumPy array's
    .ctypes.data alone cost 0.8 us, and a decode step passed ~250 of them (1 ms of a ~6 ms step, measured
@@ -619,7 +671,10 @@ static Py_buffer *take(Held *h, PyObject *o, char code, int ndim, int writable) 
     h->n++;
     const char *f = v->format ? v->format : "B";
     if (f[0] == '@' || f[0] == '=') f++;
-    if (f[0] != code || f[1] != '\0' || v->itemsize != (code == 'f' ? 4 : 2)) return NULL;
+    /* 'q': int64, which NumPy spells 'l' on LP64 platforms and 'q' elsewhere. */
+    int ok = code == 'q' ? (f[0] == 'q' || f[0] == 'l') && v->itemsize == 8
+                         : f[0] == code && v->itemsize == (code == 'f' ? 4 : code == 'b' ? 1 : 2);
+    if (!ok || f[1] != '\0') return NULL;
     if (ndim >= 0 ? v->ndim != ndim : v->ndim < 1) return NULL;
     return v;
 }
@@ -837,6 +892,92 @@ static PyObject *py_mlp(PyObject *self, PyObject *const *a, Py_ssize_t na) {
     Py_RETURN_TRUE;
 }
 
+/* ragged_self_attention(x, w_attn, b_attn, w_proj, b_proj, slot_kv, rows, n_head, fmt, threads, out): the
+   attention block of a ragged step in one call. x [1, n, c]; slot_kv a list of (k_cache, v_cache) per
+   slot, each [1, n_head, P, c / n_head]; rows int64 [R, 4] of (slot, offset, start, length), packed in
+   order (start = the lengths before it), each slot at most once, each row's positions within its caches.
+   qkv = x @ w_attn + b_attn; each row's keys and values written into its slot; the attention of every
+   row's queries over its own slot; then @ w_proj + b_proj into out [1, n, c]. */
+static PyObject *py_ragged_self_attention(PyObject *self, PyObject *const *a, Py_ssize_t na) {
+    (void)self;
+    Held h = {.n = 0};
+    int64_t n_head, fmt, threads;
+    if (!check_nargs(na, 11, "ragged_self_attention") || !as_int64(a[7], &n_head) || !as_int64(a[8], &fmt)
+        || !as_int64(a[9], &threads))
+        return NULL;
+    const float *b_attn, *b_proj;
+    Py_buffer *x = take(&h, a[0], 'f', 3, 0);
+    if (!x || n_head < 1 || x->shape[0] != 1 || !PyList_Check(a[5])) NOT_TAKEN;
+    int64_t n = x->shape[1], c = x->shape[2], d = c / n_head, slots = PyList_GET_SIZE(a[5]);
+    Py_buffer *wa = take_weight(&h, a[1], 3 * c, c), *wp = take_weight(&h, a[3], c, c);
+    Py_buffer *rb = take(&h, a[6], 'q', 2, 0), *out = take(&h, a[10], 'f', 3, 1);
+    if (!wa || !wp || !rb || !out || !known_format(fmt) || c % n_head || d < 1 || !same_shape(out, x)
+        || rb->shape[1] != 4 || rb->shape[0] < 1 || !take_vector(&h, a[2], 3 * c, &b_attn)
+        || !take_vector(&h, a[4], c, &b_proj))
+        NOT_TAKEN;
+    int64_t rows = rb->shape[0];
+    const int64_t *rv = rb->buf;
+    /* Per row: start, length, offset, cache length, and the two caches' buffers (held until the end). */
+    int64_t *meta = malloc(sizeof(int64_t) * (size_t)(4 * rows));
+    float **kv = malloc(sizeof(float *) * (size_t)(2 * rows));
+    Py_buffer *bufs = malloc(sizeof(Py_buffer) * (size_t)(2 * rows));
+    char *used = calloc((size_t)(slots > 0 ? slots : 1), 1);
+    int held = 0, taken = meta && kv && bufs && used;
+    for (int64_t r = 0, next = 0; taken && r < rows; r++) {
+        int64_t slot = rv[4 * r], offset = rv[4 * r + 1], start = rv[4 * r + 2], length = rv[4 * r + 3];
+        if (slot < 0 || slot >= slots || used[slot] || start != next || length < 1 || offset < 0) { taken = 0; break; }
+        used[slot] = 1;
+        next += length;
+        if (r == rows - 1 && next != n) { taken = 0; break; }
+        PyObject *pair = PyList_GET_ITEM(a[5], slot);
+        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) { taken = 0; break; }
+        for (int j = 0; j < 2 && taken; j++) {
+            Py_buffer *v = &bufs[held];
+            if (PyObject_GetBuffer(PyTuple_GET_ITEM(pair, j), v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
+                PyErr_Clear();
+                taken = 0;
+                break;
+            }
+            held++;
+            const char *f = v->format ? v->format : "B";
+            if (f[0] == '@' || f[0] == '=') f++;
+            if (f[0] != 'f' || f[1] != '\0' || v->itemsize != 4 || v->ndim != 4 || v->shape[0] != 1
+                || v->shape[1] != n_head || v->shape[3] != d || v->shape[2] < offset + length)
+                taken = 0;
+            kv[2 * r + j] = v->buf;
+        }
+        if (taken && (kv[2 * r] == kv[2 * r + 1] || bufs[held - 1].shape[2] != bufs[held - 2].shape[2])) taken = 0;
+        meta[r] = start; meta[rows + r] = length; meta[2 * rows + r] = offset;
+        if (taken) meta[3 * rows + r] = bufs[held - 1].shape[2];
+    }
+    float *qkv = NULL, **ks = NULL, **vs = NULL;
+    if (taken) {
+        qkv = malloc(sizeof(float) * (size_t)(n * 4 * c));  /* qkv [n, 3c], then y [n, c] */
+        ks = malloc(sizeof(float *) * (size_t)rows);
+        vs = malloc(sizeof(float *) * (size_t)rows);
+    }
+    int rc = 0;
+    if (taken && qkv && ks && vs) {
+        for (int64_t r = 0; r < rows; r++) { ks[r] = kv[2 * r]; vs[r] = kv[2 * r + 1]; }
+        float *y = qkv + n * 3 * c;
+        Py_BEGIN_ALLOW_THREADS
+        rc = product(x->buf, n, c, wa->buf, 3 * c, b_attn, qkv, (int)fmt, (int)threads, 0);
+        if (!rc) rc = ragged_attention(qkv, n, n_head, d, rows, meta, meta + rows, meta + 2 * rows, ks, vs,
+                                       meta + 3 * rows, y, (int)threads);
+        if (!rc) rc = product(y, n, c, wp->buf, c, b_proj, out->buf, (int)fmt, (int)threads, 0);
+        Py_END_ALLOW_THREADS
+    } else if (taken) {
+        rc = -1;
+    }
+    for (int i = 0; i < held; i++) PyBuffer_Release(&bufs[i]);
+    int oom = !(meta && kv && bufs && used) || rc;
+    free(meta); free(kv); free(bufs); free(used); free(qkv); free(ks); free(vs);
+    release(&h);
+    if (oom) return PyErr_NoMemory();
+    if (!taken) Py_RETURN_FALSE;
+    Py_RETURN_TRUE;
+}
+
 static PyObject *py_simd(PyObject *self, PyObject *unused) {
     (void)self; (void)unused;
     return PyLong_FromLong(simd_path());
@@ -872,6 +1013,8 @@ static PyMethodDef functions[] = {
     FAST(attention, "attention(q, k, v, offset, out, threads) -> bool: causal attention over KV caches."),
     FAST(self_attention, "self_attention(x, w_attn, b_attn, w_proj, b_proj, k, v, offset, n_head, fmt, "
                          "threads, out) -> bool: a decode step's attention block."),
+    FAST(ragged_self_attention, "ragged_self_attention(x, w_attn, b_attn, w_proj, b_proj, slot_kv, rows, "
+                                "n_head, fmt, threads, out) -> bool: a ragged step's attention block."),
     FAST(mlp, "mlp(x, w_fc, f, b_fc, w_proj, b_proj, fmt, threads, out) -> bool: a decode step's MLP."),
     {"simd", py_simd, METH_NOARGS, "simd() -> 2 on the AVX-512 path, 1 on AVX2 + FMA + F16C, 0 on portable C."},
     {"force_portable", py_force_portable, METH_O,

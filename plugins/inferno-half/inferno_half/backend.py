@@ -56,6 +56,8 @@ FORMATS = {"float16": 0, "bfloat16": 1}
 PANEL = 32
 #: Products of up to this many rows run in the compiled kernel; more go to BLAS (see the module docstring).
 SMALL_M = 64
+#: Ragged steps of up to this many tokens (decode rows and prompt chunks) run their attention block in C.
+RAGGED_TOKENS = 256
 #: Float32 bytes unpacked per BLAS call on the many-row path.
 UNPACK_BYTES = 8 << 20
 #: The most threads one may ask for (as for cpu-threaded).
@@ -280,6 +282,20 @@ class HalfBackend(NumpyBackend):
                                        kv[1], int(offset), n_head, self._code, self.threads, out):
                 return out, kv
         return super().self_attention(x, w_attn, b_attn, w_proj, b_proj, kv, offset, n_head)
+
+    def ragged_self_attention(self, x, w_attn, b_attn, w_proj, b_proj, slot_kv, rows, n_head):
+        if (_KERNELS is not None and x.shape[1] <= RAGGED_TOKENS and type(w_attn) is Weight16
+                and type(w_proj) is Weight16 and isinstance(slot_kv, list)):
+            # One C call for the whole step: both products over all rows, every row's cache writes, and
+            # the attention of all (token, head) pairs split among the threads (the default makes a call
+            # per row, and NumPy's head split, slicing and merge around them).
+            x = _f32(x)
+            out = np.empty_like(x)
+            table = np.array([(r.slot, r.offset, r.start, r.length) for r in rows], dtype=np.int64)
+            if _KERNELS.ragged_self_attention(x, w_attn.blocks, _bias(b_attn), w_proj.blocks, _bias(b_proj),
+                                              slot_kv, table, n_head, self._code, self.threads, out):
+                return out
+        return super().ragged_self_attention(x, w_attn, b_attn, w_proj, b_proj, slot_kv, rows, n_head)
 
     def _matmul(self, x: np.ndarray, w: Weight16, b: np.ndarray | None, gelu: bool = False) -> np.ndarray:
         """[M, K] float32 @ the [K, N] that `w` holds, + b (then gelu_new, with `gelu`): the kernel for a

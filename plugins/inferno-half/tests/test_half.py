@@ -575,3 +575,119 @@ def test_c_functions_refuse_a_wrong_number_of_arguments(name):
     args = _decode_inputs()[name]
     with pytest.raises(TypeError, match=rf"{name}\(\) takes {len(args)} arguments \({len(args) - 1} given\)"):
         getattr(hb._KERNELS, name)(*args[:-1])
+
+
+def _ragged_case(c, n_head, rows, length, fmt="float16", seed=0):
+    """x, weights, slots and RaggedRows of a ragged step: rows = (slot, offset, tokens); every slot's
+    caches random (garbage past each row's offset, which it must overwrite or ignore)."""
+    from inferno.backends.base import RaggedRow
+
+    rng = np.random.default_rng(seed)
+    be = HalfBackend(fmt, threads=2)
+    w_attn, w_proj = (rng.standard_normal(s).astype(np.float32) * 0.3 for s in ((c, 3 * c), (c, c)))
+    b_attn, b_proj = (rng.standard_normal(n).astype(np.float32) for n in (3 * c, c))
+    packed, start = [], 0
+    for slot, offset, t in rows:
+        packed.append(RaggedRow(slot, offset, start, t))
+        start += t
+    x = rng.standard_normal((1, start, c)).astype(np.float32)
+    n_slots = max(r[0] for r in rows) + 2
+    slots = [tuple(rng.standard_normal((1, n_head, length, c // n_head)).astype(np.float32) for _ in "kv")
+             for _ in range(n_slots)]
+    weights = (be.prepare_weight("h.0.attn.c_attn.weight", w_attn), b_attn,
+               be.prepare_weight("h.0.attn.c_proj.weight", w_proj), b_proj)
+    return be, x, weights, (w_attn, b_attn, w_proj, b_proj), slots, packed
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("c, n_head", [(64, 4), (15, 3)])
+@pytest.mark.parametrize("rows", [[(0, 5, 2), (2, 11, 3), (1, 0, 1)], [(1, 3, 1)],
+                                  [(3, 0, 9), (0, 20, 1), (2, 30, 1)]])
+def test_ragged_self_attention_matches_float64_in_one_call(fmt, c, n_head, rows, kernel_path):
+    # One C call for the step (d = 16: the x86 attention; d = 5: portable), against each row's batch-1
+    # attention in float64 on the rounded weights; the caches hold the new keys and values, the rest kept.
+    from inferno.backends.numpy_backend import NumpyBackend
+    from inferno.conformance import reference as ref
+
+    be, x, weights, host, slots, packed = _ragged_case(c, n_head, rows, 32, fmt)
+    before = [tuple(a.copy() for a in kv) for kv in slots]
+    calls = []
+    original = NumpyBackend.attention
+    try:
+        NumpyBackend.attention = lambda *a: calls.append(a) or original(*a)
+        got = be.ragged_self_attention(x, *weights, slots, packed, n_head)
+    finally:
+        NumpyBackend.attention = original
+    assert not calls, "the ragged step ran NumPy's attention"
+    w_attn, b_attn, w_proj, b_proj = host
+    want, k_want, v_want = ref.ragged_self_attention(
+        x, _rounded(w_attn, fmt), b_attn, _rounded(w_proj, fmt), b_proj, n_head,
+        [(r.slot, r.offset, r.start, r.length) for r in packed], [k for k, _ in before],
+        [v for _, v in before])
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    for slot, (k, v) in enumerate(slots):
+        np.testing.assert_allclose(k, k_want[slot], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(v, v_want[slot], rtol=1e-5, atol=1e-5)
+
+
+def _ragged_args(rows=((0, 5, 2), (2, 11, 3), (1, 0, 1))):
+    be, x, weights, _, slots, packed = _ragged_case(64, 4, list(rows), 32)
+    table = np.array([(r.slot, r.offset, r.start, r.length) for r in packed], dtype=np.int64)
+    w_attn, b_attn, w_proj, b_proj = weights
+    return [x, w_attn.blocks, b_attn, w_proj.blocks, b_proj, slots, table, 4, 0, 2, np.empty_like(x)]
+
+
+def _short_cache(args):
+    slots = list(args[5])
+    slots[2] = tuple(a[:, :, :13] for a in slots[2])  # row 1 writes positions 11 .. 13
+    return slots
+
+
+RAGGED_DECLINED = [
+    (5, lambda s: tuple(s)),                                     # slot_kv not a list
+    (5, _short_cache),                                           # a cache without room for its row
+    (5, lambda s: [s[0], (s[1][0], s[1][0]), *s[2:]]),          # one array as both caches
+    (5, lambda s: [s[0], s[1][:1], *s[2:]]),                     # a slot that is not a pair
+    (6, lambda t: t[:, :3]),                                     # rows not [R, 4]
+    (6, lambda t: t.astype(np.int32)),
+    (6, lambda t: np.array([[0, 5, 0, 2], [0, 11, 2, 3], [1, 0, 5, 1]])),  # a slot twice
+    (6, lambda t: np.array([[0, 5, 0, 2], [2, 11, 3, 3], [1, 0, 6, 1]])),  # a gap between rows
+    (6, lambda t: np.array([[0, 5, 0, 2], [2, 11, 2, 3], [9, 0, 5, 1]])),  # no such slot
+    (6, lambda t: np.array([[0, 5, 0, 2], [2, 11, 2, 3]])),                # rows cover 5 of 6 tokens
+]
+
+
+@pytest.mark.parametrize("i, change", RAGGED_DECLINED)
+def test_ragged_self_attention_declines_what_it_does_not_take(i, change):
+    # The backend then runs the default composition: nothing may have been computed or written.
+    args = _ragged_args()
+    slots = args[5]
+    args[i] = change(args if i == 5 and change is _short_cache else args[i])
+    args[10] = np.full_like(args[10], 7.0)
+    assert hb._KERNELS.ragged_self_attention(*args) is False
+    assert (args[10] == 7.0).all()
+    for kv, fresh in zip(slots, _ragged_args()[5], strict=True):
+        for a, b in zip(kv, fresh, strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_batched_rows_get_the_ids_of_their_batch_1_runs(model_dir, fmt, monkeypatch):
+    # Through the engine (forward_ragged, every step in the C kernels) each sequence gets the greedy ids
+    # it gets alone, not merely up to near-ties: its products, attention and norms are the same
+    # arithmetic, bit for bit, whoever shares the step.
+    from inferno.backends.numpy_backend import NumpyBackend
+
+    pipe = inferno.load(model_dir, f"half:dtype={fmt}", download=False)
+    alone = [pipe.generate(p, max_new_tokens=8, stop_at_eos=False).ids for p in PROMPTS]
+
+    def refused(name):
+        def kernel(*args, **kwargs):
+            raise AssertionError(f"NumPy's {name} ran in a ragged step")
+        return kernel
+
+    for name in ("layernorm", "attention", "self_attention", "ragged_self_attention", "mlp", "linear",
+                 "lm_head", "gelu_new"):
+        monkeypatch.setattr(NumpyBackend, name, refused(name))
+    together = [r.ids for r in pipe.generate_batch(PROMPTS, max_new_tokens=8, stop_at_eos=False)]
+    assert together == alone
