@@ -203,7 +203,7 @@ X86 static INLINE void tile256(const float *x, int64_t k, const uint16_t *w, int
                 __m256 wv = load8(p + gg * gs + (h0 + h) * 8, fmt);
 #pragma GCC unroll 6
                 for (int r = 0; r < mr; r++)
-                    acc[r][gg][h] = _mm256_fmadd_ps(wv, _mm256_set1_ps(x[r * k + i]), acc[r][gg][h]);
+                    acc[r][gg][h] = _mm256_fmadd_ps(wv, _mm256_set1_ps(x[i * mr + r]), acc[r][gg][h]);
             }
         }
     }
@@ -232,19 +232,16 @@ static const tile256_fn HALF256[2][7] = {
 /* Panels p0 .. p1 - 1 for every row of x [m, k], AVX2: one row takes two panels at a time (8 chains);
    two rows one whole panel; more, tiles of up to 6 rows over half a panel (the classic 6 x 16 tile). */
 X86 static void panels_avx2(const float *x, int64_t m, int64_t k, const uint16_t *w, int64_t p0, int64_t p1,
-                            const float *b, float *y, int64_t n, int fmt, int act) {
+                            const float *b, float *y, int64_t n, int fmt, int act, const int64_t *sizes,
+                            int64_t tiles) {
     int64_t gs = k * PANEL;
     for (int64_t p = p0; p < p1;) {
         if (m == 1 && p + 1 < p1) { t256_1_2_0_4(x, k, w + p * gs, gs, b, y, n, p * PANEL, act, fmt); p += 2; continue; }
         if (m == 1) { t256_1_1_0_4(x, k, w + p * gs, gs, b, y, n, p * PANEL, act, fmt); p++; continue; }
         if (m == 2) { t256_2_1_0_4(x, k, w + p * gs, gs, b, y, n, p * PANEL, act, fmt); p++; continue; }
-        int64_t tiles = (m + 5) / 6;
         for (int half = 0; half < 2; half++)
-            for (int64_t t = 0, r0 = 0; t < tiles; t++) {
-                int64_t mr = m / tiles + (t < m % tiles);
-                HALF256[half][mr](x + r0 * k, k, w + p * gs, gs, b, y + r0 * n, n, p * PANEL, act, fmt);
-                r0 += mr;
-            }
+            for (int64_t t = 0, r0 = 0; t < tiles; r0 += sizes[t], t++)
+                HALF256[half][sizes[t]](x + r0 * k, k, w + p * gs, gs, b, y + r0 * n, n, p * PANEL, act, fmt);
         p++;
     }
 }
@@ -275,7 +272,7 @@ X512 static INLINE void tile512(const float *x, int64_t k, const uint16_t *w, in
             __m512 w0 = load16(p + gg * gs, fmt), w1 = load16(p + gg * gs + 16, fmt);
 #pragma GCC unroll 12
             for (int r = 0; r < mr; r++) {
-                __m512 xv = _mm512_set1_ps(x[r * k + i]);
+                __m512 xv = _mm512_set1_ps(x[i * mr + r]);
                 acc[r][gg][0] = _mm512_fmadd_ps(w0, xv, acc[r][gg][0]);
                 acc[r][gg][1] = _mm512_fmadd_ps(w1, xv, acc[r][gg][1]);
             }
@@ -302,10 +299,46 @@ static const tile256_fn ROWS512[MR_MAX + 1] = {NULL, t512_1_1, t512_2_1, t512_3_
 static const tile256_fn WIDE512[4][5] = {{NULL}, {NULL, t512_1_1, t512_1_2, t512_1_3, t512_1_4},
                                          {NULL, t512_2_1, t512_2_2}, {NULL, t512_3_1, t512_3_2}};
 
+/* AVX-512 tile over half a panel (16 outputs, h0 = 0 or 1) for `mr` rows, up to MR_HALF: one widening
+   per input serves mr FMAs (24 rows: 24 FMAs per conversion, against 12 on a whole panel). */
+#define MR_HALF 24
+X512 static INLINE void tile512h(const float *x, int64_t k, const uint16_t *w, const int mr, const int h0,
+                                 const int fmt, const float *b, float *y, int64_t n, int64_t col0, int act) {
+    __m512 acc[MR_HALF];
+#pragma GCC unroll 24
+    for (int r = 0; r < mr; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < k; i++) {
+        const uint16_t *p = w + i * PANEL + h0 * 16;
+        if (h0 == 0) _mm_prefetch((const char *)(p + PREFETCH), _MM_HINT_T0);
+        __m512 wv = load16(p, fmt);
+#pragma GCC unroll 24
+        for (int r = 0; r < mr; r++) acc[r] = _mm512_fmadd_ps(wv, _mm512_set1_ps(x[i * mr + r]), acc[r]);
+    }
+    int64_t col = col0 + h0 * 16;
+    for (int r = 0; r < mr; r++) {
+        finish8(_mm512_castps512_ps256(acc[r]), b, y + r * n, col, n, act);
+        finish8(_mm512_extractf32x8_ps(acc[r], 1), b, y + r * n, col + 8, n, act);
+    }
+}
+
+#define T512H(MR) \
+    X512 static void t512h_##MR(ARGS256, int fmt) { (void)gs; \
+        if (fmt == FMT_F16) { tile512h(x, k, w, MR, 0, FMT_F16, b, y, n, col0, act); \
+                              tile512h(x, k, w, MR, 1, FMT_F16, b, y, n, col0, act); } \
+        else { tile512h(x, k, w, MR, 0, FMT_BF16, b, y, n, col0, act); \
+               tile512h(x, k, w, MR, 1, FMT_BF16, b, y, n, col0, act); } }
+T512H(13) T512H(14) T512H(15) T512H(16) T512H(17) T512H(18) T512H(19) T512H(20) T512H(21) T512H(22)
+T512H(23) T512H(24)
+static const tile256_fn HALF512[MR_HALF + 1] = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+    NULL, NULL, NULL, t512h_13, t512h_14, t512h_15, t512h_16, t512h_17, t512h_18, t512h_19, t512h_20,
+    t512h_21, t512h_22, t512h_23, t512h_24};
+
 /* Panels p0 .. p1 - 1 for every row of x [m, k], AVX-512: one row takes four panels at a time (8 FMA
-   chains, 4 streams), two or three rows two panels; more, tiles of up to MR_MAX rows, balanced. */
+   chains, 4 streams), two or three rows two panels; up to MR_MAX rows one whole panel; more, tiles of
+   13 to MR_HALF rows (balanced) over each half of a panel. */
 X512 static void panels_avx512(const float *x, int64_t m, int64_t k, const uint16_t *w, int64_t p0,
-                               int64_t p1, const float *b, float *y, int64_t n, int fmt, int act) {
+                               int64_t p1, const float *b, float *y, int64_t n, int fmt, int act,
+                               const int64_t *sizes, int64_t tiles) {
     int64_t gs = k * PANEL;
     if (m <= 3) {
         int64_t most = m == 1 ? 4 : 2;
@@ -316,12 +349,10 @@ X512 static void panels_avx512(const float *x, int64_t m, int64_t k, const uint1
         }
         return;
     }
-    int64_t tiles = (m + MR_MAX - 1) / MR_MAX;
     for (int64_t p = p0; p < p1; p++)
-        for (int64_t t = 0, r0 = 0; t < tiles; t++) {
-            int64_t mr = m / tiles + (t < m % tiles);
-            ROWS512[mr](x + r0 * k, k, w + p * gs, gs, b, y + r0 * n, n, p * PANEL, act, fmt);
-            r0 += mr;
+        for (int64_t t = 0, r0 = 0; t < tiles; r0 += sizes[t], t++) {
+            const tile256_fn f = sizes[t] <= MR_MAX ? ROWS512[sizes[t]] : HALF512[sizes[t]];
+            f(x + r0 * k, k, w + p * gs, gs, b, y + r0 * n, n, p * PANEL, act, fmt);
         }
 }
 
@@ -380,13 +411,33 @@ static int max_threads(void) {
 #endif
 }
 
+/* How a SIMD path splits m rows into register tiles: the sizes, in order; returns how many. The rows of
+   each tile are packed input-major (see pack_rows), so that a tile reads x[i * mr + r]: one pointer for
+   all its rows, where a pointer per row ran out of registers at 16 rows. */
+static int64_t tile_plan(int simd, int64_t m, int64_t *sizes) {
+    int64_t most = simd == PATH_AVX512 ? (m <= MR_MAX ? MR_MAX : MR_HALF) : (m <= 2 ? 2 : 6);
+    int64_t tiles = (m + most - 1) / most;
+    if (simd == PATH_AVX512 && m > MR_MAX && m / tiles < MR_MAX + 1) tiles = m / (MR_MAX + 1);
+    for (int64_t t = 0; t < tiles; t++) sizes[t] = m / tiles + (t < m % tiles);
+    return tiles;
+}
+
+/* x [m, k] → xp, tile by tile (as tile_plan splits m): tile t's rows r0 .. r0 + mr - 1 at xp + r0 * k,
+   input-major (element (i, r) at i * mr + r). */
+static void pack_rows(const float *x, int64_t m, int64_t k, const int64_t *sizes, int64_t tiles, float *xp) {
+    for (int64_t t = 0, r0 = 0; t < tiles; r0 += sizes[t], t++)
+        for (int64_t r = 0; r < sizes[t]; r++)
+            for (int64_t i = 0; i < k; i++) xp[r0 * k + i * sizes[t] + r] = x[(r0 + r) * k + i];
+}
+
 /* Panels p0 .. p1 - 1 of y [m, n] for rows x [m, k] (m <= MC), on path `simd`. */
 static void panels(int simd, const float *x, int64_t m, int64_t k, const uint16_t *w, int64_t p0, int64_t p1,
-                   const float *b, float *y, int64_t n, int fmt, int act) {
+                   const float *b, float *y, int64_t n, int fmt, int act, const int64_t *sizes, int64_t tiles) {
 #if HAVE_X86
-    if (simd == PATH_AVX512) { panels_avx512(x, m, k, w, p0, p1, b, y, n, fmt, act); return; }
-    if (simd == PATH_AVX2) { panels_avx2(x, m, k, w, p0, p1, b, y, n, fmt, act); return; }
+    if (simd == PATH_AVX512) { panels_avx512(x, m, k, w, p0, p1, b, y, n, fmt, act, sizes, tiles); return; }
+    if (simd == PATH_AVX2) { panels_avx2(x, m, k, w, p0, p1, b, y, n, fmt, act, sizes, tiles); return; }
 #endif
+    (void)sizes; (void)tiles;
     (void)simd;
     panels_portable(x, m, k, w, p0, p1, b, y, n, fmt, act);
 }
@@ -396,17 +447,26 @@ static void panels(int simd, const float *x, int64_t m, int64_t k, const uint16_
    among `threads` threads in tasks of TASK panels. Returns 0. */
 static int product(const float *x, int64_t m, int64_t k, const uint16_t *w, int64_t n, const float *b, float *y,
                    int fmt, int threads, int act) {
-    int64_t count = (n + PANEL - 1) / PANEL, tasks = (count + TASK - 1) / TASK;
+    int64_t count = (n + PANEL - 1) / PANEL, tasks = (count + TASK - 1) / TASK, sizes[MC];
     int simd = simd_path();
+    float *xp = NULL;
+    if (simd != PATH_PORTABLE && m > 1) {
+        xp = malloc(sizeof(float) * (size_t)(min64(m, MC) * k));
+        if (!xp) return -1;
+    }
     (void)threads;
     for (int64_t m0 = 0; m0 < m; m0 += MC) {
-        int64_t mc = min64(MC, m - m0);
+        int64_t mc = min64(MC, m - m0), tiles = tile_plan(simd, mc, sizes);
+        const float *xs = x + m0 * k;
+        if (xp) { pack_rows(xs, mc, k, sizes, tiles, xp); xs = xp; }
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1) if (threads > 1 && tasks > 1)
 #endif
         for (int64_t t = 0; t < tasks; t++)
-            panels(simd, x + m0 * k, mc, k, w, t * TASK, min64(count, (t + 1) * TASK), b, y + m0 * n, n, fmt, act);
+            panels(simd, xs, mc, k, w, t * TASK, min64(count, (t + 1) * TASK), b, y + m0 * n, n, fmt, act, sizes,
+                   tiles);
     }
+    free(xp);
     return 0;
 }
 
@@ -773,6 +833,28 @@ static PyObject *py_unpack(PyObject *self, PyObject *const *a, Py_ssize_t na) {
     Py_RETURN_TRUE;
 }
 
+/* unpack_t(w, n, p0, p1, k, out, fmt, threads): panels p0 .. p1 - 1 of w (n outputs over k inputs) as
+   float32 into out [k, (p1 - p0) * PANEL], row-major: x @ out is the product of those outputs (BLAS's
+   operand for products of many rows). */
+static PyObject *py_unpack_t(PyObject *self, PyObject *const *a, Py_ssize_t na) {
+    (void)self;
+    Held h = {.n = 0};
+    int64_t n, p0, p1, k, fmt, threads;
+    if (!check_nargs(na, 8, "unpack_t") || !as_int64(a[1], &n) || !as_int64(a[2], &p0) || !as_int64(a[3], &p1)
+        || !as_int64(a[4], &k) || !as_int64(a[6], &fmt) || !as_int64(a[7], &threads))
+        return NULL;
+    Py_buffer *w = take_weight(&h, a[0], n, k);
+    Py_buffer *out = take(&h, a[5], 'f', 2, 1);
+    if (!w || !out || !known_format(fmt) || p0 < 0 || p1 > w->shape[0] || p1 <= p0 || out->shape[0] != k
+        || out->shape[1] != (p1 - p0) * PANEL)
+        NOT_TAKEN;
+    Py_BEGIN_ALLOW_THREADS
+    unpack_t(w->buf, k, p0, p1, out->buf, (int)fmt, (int)threads);
+    Py_END_ALLOW_THREADS
+    release(&h);
+    Py_RETURN_TRUE;
+}
+
 /* layernorm(x, gamma, beta, eps, out): over the last axis of x (any shape), into out (the same shape). */
 static PyObject *py_layernorm(PyObject *self, PyObject *const *a, Py_ssize_t na) {
     (void)self;
@@ -1009,6 +1091,7 @@ static PyObject *py_max_threads(PyObject *self, PyObject *unused) {
 static PyMethodDef functions[] = {
     FAST(matmul, "matmul(x, w, n, b, y, fmt, threads, gelu) -> bool: y = x @ w.T + b, w blocked 16-bit."),
     FAST(unpack, "unpack(w, n, j0, j1, k, out, fmt, threads) -> bool: rows j0..j1-1 of w as float32."),
+    FAST(unpack_t, "unpack_t(w, n, p0, p1, k, out, fmt, threads) -> bool: panels p0..p1-1 as float32 [k, cols]."),
     FAST(layernorm, "layernorm(x, gamma, beta, eps, out) -> bool: layer norm over the last axis."),
     FAST(attention, "attention(q, k, v, offset, out, threads) -> bool: causal attention over KV caches."),
     FAST(self_attention, "self_attention(x, w_attn, b_attn, w_proj, b_proj, k, v, offset, n_head, fmt, "
