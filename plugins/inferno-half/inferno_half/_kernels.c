@@ -631,6 +631,152 @@ static void attend_all(int64_t b, int64_t h, int64_t t, int64_t d, const float *
     free(heap);
 }
 
+#if HAVE_X86
+/* e^x, 16 at a time: exp8's Cephes expf lane for lane. */
+X512 static inline __m512 exp16(__m512 x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+    __m512 fx = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
+                                     _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
+    x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), x);
+    __m512 y = _mm512_set1_ps(1.9875691500E-4f);
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507E-3f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073E-3f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894E-2f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459E-1f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201E-1f));
+    y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
+    __m512i n = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(fx), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(y, _mm512_castsi512_ps(n));
+}
+
+/* Queries in tiles of QT for the blocked attention of a long prompt. */
+#define QT 12
+
+/* QT queries (rows of a prompt, the first `mr` real, packed input-major in qp [d][QT]) of one head over
+   its keys: kt the keys transposed [d][lk] (zero past the last), v [keys][d]. Row r attends keys
+   0 .. first + r - 1. Scores by 16 keys at a time (an outer product over d, as the weight tiles), an
+   exact softmax per row, then P @ V by 32 columns of d. s: [QT][lk], pt: [lk][QT] scratch. Out row r at
+   out + r * o_stride. d: a multiple of 16. */
+X512 static void attend_tile512(const float *qp, const float *kt, int64_t lk, const float *v, int64_t d,
+                                int64_t first, int mr, float scale, float *s, float *pt, float *out,
+                                int64_t o_stride) {
+    int64_t keys = first + mr - 1;
+    __m512 vscale = _mm512_set1_ps(scale);
+    for (int64_t j0 = 0; j0 < keys; j0 += 16) {
+        __m512 acc[QT];
+#pragma GCC unroll 12
+        for (int r = 0; r < QT; r++) acc[r] = _mm512_setzero_ps();
+        for (int64_t c = 0; c < d; c++) {
+            __m512 kv = _mm512_loadu_ps(kt + c * lk + j0);
+#pragma GCC unroll 12
+            for (int r = 0; r < QT; r++) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(qp[c * QT + r]), kv, acc[r]);
+        }
+        for (int r = 0; r < mr; r++) _mm512_storeu_ps(s + r * lk + j0, _mm512_mul_ps(acc[r], vscale));
+    }
+    float inv[QT];
+    for (int r = 0; r < QT; r++) {
+        inv[r] = 0.0f;
+        int64_t n = r < mr ? first + r : 0;
+        float *sr = s + r * lk;
+        __m512 vm = _mm512_set1_ps(-INFINITY);
+        int64_t j = 0;
+        for (; j + 16 <= n; j += 16) vm = _mm512_max_ps(vm, _mm512_loadu_ps(sr + j));
+        float m = _mm512_reduce_max_ps(vm);
+        for (; j < n; j++) m = sr[j] > m ? sr[j] : m;
+        __m512 vs = _mm512_setzero_ps();
+        vm = _mm512_set1_ps(m);
+        for (j = 0; j + 16 <= n; j += 16) {
+            __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(sr + j), vm));
+            _mm512_storeu_ps(sr + j, e);
+            vs = _mm512_add_ps(vs, e);
+        }
+        float sum = _mm512_reduce_add_ps(vs);
+        for (; j < n; j++) { sr[j] = expf(sr[j] - m); sum += sr[j]; }
+        for (j = 0; j < n; j++) pt[j * QT + r] = sr[j];
+        for (; j < keys; j++) pt[j * QT + r] = 0.0f;
+        if (n) inv[r] = 1.0f / sum;
+    }
+    for (int64_t c0 = 0; c0 < d; c0 += 32) {
+        int two = c0 + 32 <= d;
+        __m512 acc[QT][2];
+#pragma GCC unroll 12
+        for (int r = 0; r < QT; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+        for (int64_t j = 0; j < keys; j++) {
+            __m512 v0 = _mm512_loadu_ps(v + j * d + c0), v1 = two ? _mm512_loadu_ps(v + j * d + c0 + 16) : v0;
+#pragma GCC unroll 12
+            for (int r = 0; r < QT; r++) {
+                __m512 p = _mm512_set1_ps(pt[j * QT + r]);
+                acc[r][0] = _mm512_fmadd_ps(p, v0, acc[r][0]);
+                acc[r][1] = _mm512_fmadd_ps(p, v1, acc[r][1]);
+            }
+        }
+        for (int r = 0; r < mr; r++) {
+            __m512 f = _mm512_set1_ps(inv[r]);
+            _mm512_storeu_ps(out + r * o_stride + c0, _mm512_mul_ps(acc[r][0], f));
+            if (two) _mm512_storeu_ps(out + r * o_stride + c0 + 16, _mm512_mul_ps(acc[r][1], f));
+        }
+    }
+}
+#endif
+
+/* Causal attention of a long prompt (AVX-512, d a multiple of 16): as attend_all's arguments, in tiles of
+   QT queries of one head, each tile a few register-blocked products instead of QT dot-product loops.
+   Returns 0, or -1 out of memory (then nothing is computed). */
+static int attend_blocked(int64_t b, int64_t h, int64_t t, int64_t d, const float *q, int64_t q_s, int64_t q_h,
+                          int64_t q_t, const float *k, const float *v, int64_t l, int64_t offset, float *out,
+                          int64_t o_s, int64_t o_h, int64_t o_t, int threads) {
+#if HAVE_X86
+    int64_t keys = offset + t, lk = (keys + 15) / 16 * 16, tiles = (t + QT - 1) / QT;
+    float *kt = calloc((size_t)(b * h * d * lk), sizeof(float));
+    if (!kt) return -1;
+    float scale = 1.0f / sqrtf((float)d);
+    int failed = 0;
+    (void)threads;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(threads > 0 ? threads : 1) if (threads > 1)
+#endif
+    {
+        float *scratch = malloc(sizeof(float) * (size_t)(2 * QT * lk + d * QT));
+        if (!scratch) failed = 1;
+#ifdef _OPENMP
+#pragma omp for schedule(static)
+#endif
+        for (int64_t bh = 0; bh < b * h; bh++) {
+            const float *kh = k + bh * l * d;
+            float *dst = kt + bh * d * lk;
+            for (int64_t j = 0; j < keys; j++)
+                for (int64_t c = 0; c < d; c++) dst[c * lk + j] = kh[j * d + c];
+        }
+#ifdef _OPENMP
+#pragma omp for schedule(dynamic, 1)
+#endif
+        for (int64_t item = 0; item < b * h * tiles; item++) {
+            if (!scratch) continue;
+            int64_t bh = item / tiles, tile = tiles - 1 - item % tiles, seq = bh / h, head = bh % h;
+            int64_t i0 = tile * QT;
+            int mr = (int)(t - i0 < QT ? t - i0 : QT);
+            float *s = scratch, *pt = scratch + QT * lk, *qp = pt + QT * lk;
+            for (int64_t c = 0; c < d; c++)
+                for (int r = 0; r < QT; r++)
+                    qp[c * QT + r] = r < mr ? q[seq * q_s + head * q_h + (i0 + r) * q_t + c] : 0.0f;
+            attend_tile512(qp, kt + bh * d * lk, lk, v + bh * l * d, d, offset + i0 + 1, mr, scale, s, pt,
+                           out + seq * o_s + head * o_h + i0 * o_t, o_t);
+        }
+        free(scratch);
+    }
+    free(kt);
+    return failed ? -1 : 0;
+#else
+    (void)b; (void)h; (void)t; (void)d; (void)q; (void)q_s; (void)q_h; (void)q_t; (void)k; (void)v; (void)l;
+    (void)offset; (void)out; (void)o_s; (void)o_h; (void)o_t; (void)threads;
+    return -1;
+#endif
+}
+
+/* Prompts of more queries than this attend in tiles (attend_blocked) on the AVX-512 path. */
+#define BLOCKED_QUERIES 64
+
 /* The attention of a decode step from the fused projection: qkv [b, t, 3, h, d] (the c_attn product of b
    sequences of t new tokens, bias added) → the keys and values written into the caches k, v [b, h, l, d]
    at positions offset .. offset + t - 1, and the attention of the queries into out [b, t, h, d] (the
@@ -647,6 +793,9 @@ static int qkv_attention(const float *qkv, int64_t b, int64_t t, int64_t h, int6
                 memcpy(k + at, row + c, sizeof(float) * (size_t)d);
                 memcpy(v + at, row + 2 * c, sizeof(float) * (size_t)d);
             }
+    if (t > BLOCKED_QUERIES && d % 16 == 0 && simd_path() == PATH_AVX512
+        && !attend_blocked(b, h, t, d, qkv, t * 3 * c, d, 3 * c, k, v, l, offset, out, t * c, d, c, threads))
+        return 0;
     attend_all(b, h, t, d, qkv, t * 3 * c, d, 3 * c, k, v, l, offset, out, t * c, d, c, threads);
     return 0;
 }

@@ -54,7 +54,8 @@ MATRICES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.
 FORMATS = {"float16": 0, "bfloat16": 1}
 #: Outputs per panel of the packed weights (`_kernels.c`'s PANEL).
 PANEL = 32
-#: Products of up to this many rows run in the compiled kernel; more go to BLAS (see the module docstring).
+#: Queries up to this many a sequence (decode, short prompts, prefill chunks) attend in the C kernel, which
+#: runs them one at a time; a longer prompt's attention is NumPy's batched matmuls (BLAS).
 SMALL_M = 64
 #: Ragged steps of up to this many tokens (decode rows and prompt chunks) run their attention block in C.
 RAGGED_TOKENS = 256
@@ -257,7 +258,7 @@ class HalfBackend(NumpyBackend):
 
     def mlp(self, x, w_fc, b_fc, w_proj, b_proj):
         rows = x.reshape(-1, x.shape[-1])
-        if (_KERNELS is not None and rows.shape[0] <= SMALL_M and type(w_fc) is Weight16
+        if (_KERNELS is not None and type(w_fc) is Weight16
                 and type(w_proj) is Weight16):
             # Decode: both products in one C call, the GELU inside the first (NumPy's nine passes over
             # 3072 values cost ~10 us, 12 times a step).
@@ -270,7 +271,7 @@ class HalfBackend(NumpyBackend):
 
     def self_attention(self, x, w_attn, b_attn, w_proj, b_proj, kv, offset, n_head):
         b, t, c = x.shape
-        if (_KERNELS is not None and b * t <= SMALL_M and type(w_attn) is Weight16
+        if (_KERNELS is not None and (b * t <= SMALL_M or _KERNELS.simd() == 2) and type(w_attn) is Weight16
                 and type(w_proj) is Weight16):
             # Decode: one C call runs the fused projection, writes the new keys and values into the cache,
             # attends (reading the heads where the projection left them: no split, copy or merge), and
@@ -302,7 +303,7 @@ class HalfBackend(NumpyBackend):
         few rows, BLAS for more."""
         m, k = x.shape
         n = w.rows[0]
-        if _KERNELS is not None and m <= SMALL_M:
+        if _KERNELS is not None:
             y = np.empty((m, n), np.float32)
             x = _f32(x)
             if _KERNELS.matmul(x, w.blocks, n, _bias(b), y, self._code, self.threads, gelu):

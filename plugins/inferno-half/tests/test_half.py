@@ -200,11 +200,13 @@ def test_gelu_of_the_kernel_holds_at_the_extremes(kernel_path):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("b, t, offset", [(1, 1, 0), (1, 1, 37), (2, 3, 5), (1, 8, 0), (1, 9, 4), (3, 1, 60)])
-@pytest.mark.parametrize("n_head, d", [(4, 16), (2, 12)])
+@pytest.mark.parametrize("b, t, offset", [(1, 1, 0), (1, 1, 37), (2, 3, 5), (1, 8, 0), (1, 9, 4), (3, 1, 60),
+                                          (1, 100, 0), (2, 77, 13)])
+@pytest.mark.parametrize("n_head, d", [(4, 16), (2, 12), (1, 64)])
 def test_self_attention_matches_float64_and_writes_the_cache(fmt, b, t, offset, n_head, d, kernel_path):
-    # Up to SMALL_M rows one C call writes the cache and attends (d=16: the x86 path, 12: portable);
-    # 9 rows take the composed NumPy path. Both against the composition in float64 on the rounded weights.
+    # One C call writes the cache and attends (d=16, 64: the x86 path, 12: portable); prompts of more than
+    # 64 queries attend in tiles on the AVX-512 path (d a multiple of 16) and take the composed NumPy path
+    # elsewhere. All against the composition in float64 on the rounded weights.
     from inferno.backends.numpy_backend import NumpyBackend
 
     c = n_head * d
