@@ -35,6 +35,7 @@
 
 #define FMT_F16 0
 #define FMT_BF16 1
+#define FMT_I8 2   /* int8, one float32 scale per output (see panel_elems) */
 
 #define PANEL 32   /* outputs per panel */
 #define TASK 4     /* panels per thread task: 128 outputs */
@@ -76,6 +77,22 @@ static float bf16_to_f32(uint16_t h) {
 
 static inline float widen(uint16_t h, int fmt) { return fmt == FMT_F16 ? f16_to_f32(h) : bf16_to_f32(h); }
 
+/* Weights are addressed by element: 2 bytes in the 16-bit formats, 1 in int8. An int8 panel holds its K
+   rows of 32 weights, then its 32 outputs' float32 scales (128 bytes: 4 more rows). */
+static inline int64_t panel_elems(int64_t k, int fmt) { return (k + (fmt == FMT_I8 ? 4 : 0)) * PANEL; }
+#define AT(w, e, fmt) ((const char *)(w) + (e) * ((fmt) == FMT_I8 ? 1 : 2))
+#define PAN(w, e, fmt) ((const uint16_t *)AT(w, e, fmt))
+
+/* Element e widened to float32 (an int8 one unscaled). */
+static inline float widen_at(const uint16_t *w, int64_t e, int fmt) {
+    return fmt == FMT_I8 ? (float)((const int8_t *)w)[e] : widen(w[e], fmt);
+}
+
+/* The scales of panel p of an int8 weight over k inputs. */
+static inline const float *scales_of(const uint16_t *w, int64_t p, int64_t k) {
+    return (const float *)AT(w, p * panel_elems(k, FMT_I8) + k * PANEL, FMT_I8);
+}
+
 /* GPT-2's tanh GELU as x * sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3): the same function, since
    (1 + tanh(u)) / 2 = 1 / (1 + e^(-2u)). */
 static float gelu_new(float x) {
@@ -92,11 +109,11 @@ static void panels_portable(const float *x, int64_t m, int64_t k, const uint16_t
                             const float *b, float *y, int64_t n, int fmt, int act) {
     float buf[PORTABLE_KC * PANEL], acc[MC][PANEL];
     for (int64_t p = p0; p < p1; p++) {
-        const uint16_t *pw = w + p * k * PANEL;
+        int64_t pe = p * panel_elems(k, fmt);
         memset(acc, 0, sizeof(float) * PANEL * (size_t)m);
         for (int64_t i0 = 0; i0 < k; i0 += PORTABLE_KC) {
             int64_t kc = min64(PORTABLE_KC, k - i0);
-            for (int64_t i = 0; i < kc * PANEL; i++) buf[i] = widen(pw[i0 * PANEL + i], fmt);
+            for (int64_t i = 0; i < kc * PANEL; i++) buf[i] = widen_at(w, pe + i0 * PANEL + i, fmt);
             for (int64_t r = 0; r < m; r++) {
                 const float *xr = x + r * k + i0;
                 float *a = acc[r];
@@ -128,8 +145,9 @@ static void panels_portable(const float *x, int64_t m, int64_t k, const uint16_t
 #define PREFETCH 2048 /* weights (2 bytes each): 4 KB ahead of each panel's stream */
 #endif
 
-X86 static INLINE __m256 load8(const uint16_t *p, int fmt) {
-    __m128i h = _mm_loadu_si128((const __m128i *)p);
+X86 static INLINE __m256 load8(const uint16_t *w, int64_t e, int fmt) {
+    if (fmt == FMT_I8) return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)AT(w, e, fmt))));
+    __m128i h = _mm_loadu_si128((const __m128i *)(w + e));
     if (fmt == FMT_F16) return _mm256_cvtph_ps(h);
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
@@ -194,13 +212,13 @@ X86 static INLINE void tile256(const float *x, int64_t k, const uint16_t *w, int
 #pragma GCC unroll 4
             for (int h = 0; h < nh; h++) acc[r][gg][h] = _mm256_setzero_ps();
     for (int64_t i = 0; i < k; i++) {
-        const uint16_t *p = w + i * PANEL;
+        int64_t e = i * PANEL;
 #pragma GCC unroll 2
         for (int gg = 0; gg < g; gg++) {
-            _mm_prefetch((const char *)(p + gg * gs + PREFETCH), _MM_HINT_T0);
+            _mm_prefetch(AT(w, e + gg * gs, fmt) + 2 * PREFETCH, _MM_HINT_T0);
 #pragma GCC unroll 4
             for (int h = 0; h < nh; h++) {
-                __m256 wv = load8(p + gg * gs + (h0 + h) * 8, fmt);
+                __m256 wv = load8(w, e + gg * gs + (h0 + h) * 8, fmt);
 #pragma GCC unroll 6
                 for (int r = 0; r < mr; r++)
                     acc[r][gg][h] = _mm256_fmadd_ps(wv, _mm256_set1_ps(x[i * mr + r]), acc[r][gg][h]);
@@ -219,7 +237,8 @@ X86 static INLINE void tile256(const float *x, int64_t k, const uint16_t *w, int
 #define T256(MR, G, H0, NH) \
     X86 static void t256_##MR##_##G##_##H0##_##NH(ARGS256, int fmt) { \
         if (fmt == FMT_F16) tile256(PASS256, MR, G, H0, NH, FMT_F16, b, y, n, col0, act); \
-        else tile256(PASS256, MR, G, H0, NH, FMT_BF16, b, y, n, col0, act); }
+        else if (fmt == FMT_BF16) tile256(PASS256, MR, G, H0, NH, FMT_BF16, b, y, n, col0, act); \
+        else tile256(PASS256, MR, G, H0, NH, FMT_I8, b, y, n, col0, act); }
 T256(1, 1, 0, 4) T256(1, 2, 0, 4) T256(2, 1, 0, 4)
 T256(1, 1, 0, 2) T256(2, 1, 0, 2) T256(3, 1, 0, 2) T256(4, 1, 0, 2) T256(5, 1, 0, 2) T256(6, 1, 0, 2)
 T256(1, 1, 2, 2) T256(2, 1, 2, 2) T256(3, 1, 2, 2) T256(4, 1, 2, 2) T256(5, 1, 2, 2) T256(6, 1, 2, 2)
@@ -234,22 +253,24 @@ static const tile256_fn HALF256[2][7] = {
 X86 static void panels_avx2(const float *x, int64_t m, int64_t k, const uint16_t *w, int64_t p0, int64_t p1,
                             const float *b, float *y, int64_t n, int fmt, int act, const int64_t *sizes,
                             int64_t tiles) {
-    int64_t gs = k * PANEL;
+    int64_t gs = panel_elems(k, fmt);
     for (int64_t p = p0; p < p1;) {
-        if (m == 1 && p + 1 < p1) { t256_1_2_0_4(x, k, w + p * gs, gs, b, y, n, p * PANEL, act, fmt); p += 2; continue; }
-        if (m == 1) { t256_1_1_0_4(x, k, w + p * gs, gs, b, y, n, p * PANEL, act, fmt); p++; continue; }
-        if (m == 2) { t256_2_1_0_4(x, k, w + p * gs, gs, b, y, n, p * PANEL, act, fmt); p++; continue; }
+        const uint16_t *wp = PAN(w, p * gs, fmt);
+        if (m == 1 && p + 1 < p1) { t256_1_2_0_4(x, k, wp, gs, b, y, n, p * PANEL, act, fmt); p += 2; continue; }
+        if (m == 1) { t256_1_1_0_4(x, k, wp, gs, b, y, n, p * PANEL, act, fmt); p++; continue; }
+        if (m == 2) { t256_2_1_0_4(x, k, wp, gs, b, y, n, p * PANEL, act, fmt); p++; continue; }
         for (int half = 0; half < 2; half++)
             for (int64_t t = 0, r0 = 0; t < tiles; r0 += sizes[t], t++)
-                HALF256[half][sizes[t]](x + r0 * k, k, w + p * gs, gs, b, y + r0 * n, n, p * PANEL, act, fmt);
+                HALF256[half][sizes[t]](x + r0 * k, k, wp, gs, b, y + r0 * n, n, p * PANEL, act, fmt);
         p++;
     }
 }
 
 /* ----------------------------------------------------------------------------------------- AVX-512 */
 
-X512 static INLINE __m512 load16(const uint16_t *p, int fmt) {
-    __m256i h = _mm256_loadu_si256((const __m256i *)p);
+X512 static INLINE __m512 load16(const uint16_t *w, int64_t e, int fmt) {
+    if (fmt == FMT_I8) return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)AT(w, e, fmt))));
+    __m256i h = _mm256_loadu_si256((const __m256i *)(w + e));
     if (fmt == FMT_F16) return _mm512_cvtph_ps(h);
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
@@ -265,11 +286,11 @@ X512 static INLINE void tile512(const float *x, int64_t k, const uint16_t *w, in
 #pragma GCC unroll 4
         for (int gg = 0; gg < g; gg++) acc[r][gg][0] = acc[r][gg][1] = _mm512_setzero_ps();
     for (int64_t i = 0; i < k; i++) {
-        const uint16_t *p = w + i * PANEL;
+        int64_t e = i * PANEL;
 #pragma GCC unroll 4
         for (int gg = 0; gg < g; gg++) {
-            _mm_prefetch((const char *)(p + gg * gs + PREFETCH), _MM_HINT_T0);
-            __m512 w0 = load16(p + gg * gs, fmt), w1 = load16(p + gg * gs + 16, fmt);
+            _mm_prefetch(AT(w, e + gg * gs, fmt) + 2 * PREFETCH, _MM_HINT_T0);
+            __m512 w0 = load16(w, e + gg * gs, fmt), w1 = load16(w, e + gg * gs + 16, fmt);
 #pragma GCC unroll 12
             for (int r = 0; r < mr; r++) {
                 __m512 xv = _mm512_set1_ps(x[i * mr + r]);
@@ -290,7 +311,8 @@ X512 static INLINE void tile512(const float *x, int64_t k, const uint16_t *w, in
 #define T512(MR, G) \
     X512 static void t512_##MR##_##G(ARGS256, int fmt) { \
         if (fmt == FMT_F16) tile512(PASS256, MR, G, FMT_F16, b, y, n, col0, act); \
-        else tile512(PASS256, MR, G, FMT_BF16, b, y, n, col0, act); }
+        else if (fmt == FMT_BF16) tile512(PASS256, MR, G, FMT_BF16, b, y, n, col0, act); \
+        else tile512(PASS256, MR, G, FMT_I8, b, y, n, col0, act); }
 T512(1, 1) T512(1, 2) T512(1, 3) T512(1, 4) T512(2, 1) T512(2, 2) T512(3, 1) T512(3, 2)
 T512(4, 1) T512(5, 1) T512(6, 1) T512(7, 1) T512(8, 1) T512(9, 1) T512(10, 1) T512(11, 1) T512(12, 1)
 
@@ -308,9 +330,9 @@ X512 static INLINE void tile512h(const float *x, int64_t k, const uint16_t *w, c
 #pragma GCC unroll 24
     for (int r = 0; r < mr; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t i = 0; i < k; i++) {
-        const uint16_t *p = w + i * PANEL + h0 * 16;
-        if (h0 == 0) _mm_prefetch((const char *)(p + PREFETCH), _MM_HINT_T0);
-        __m512 wv = load16(p, fmt);
+        int64_t e = i * PANEL + h0 * 16;
+        if (h0 == 0) _mm_prefetch(AT(w, e, fmt) + 2 * PREFETCH, _MM_HINT_T0);
+        __m512 wv = load16(w, e, fmt);
 #pragma GCC unroll 24
         for (int r = 0; r < mr; r++) acc[r] = _mm512_fmadd_ps(wv, _mm512_set1_ps(x[i * mr + r]), acc[r]);
     }
@@ -325,8 +347,10 @@ X512 static INLINE void tile512h(const float *x, int64_t k, const uint16_t *w, c
     X512 static void t512h_##MR(ARGS256, int fmt) { (void)gs; \
         if (fmt == FMT_F16) { tile512h(x, k, w, MR, 0, FMT_F16, b, y, n, col0, act); \
                               tile512h(x, k, w, MR, 1, FMT_F16, b, y, n, col0, act); } \
-        else { tile512h(x, k, w, MR, 0, FMT_BF16, b, y, n, col0, act); \
-               tile512h(x, k, w, MR, 1, FMT_BF16, b, y, n, col0, act); } }
+        else if (fmt == FMT_BF16) { tile512h(x, k, w, MR, 0, FMT_BF16, b, y, n, col0, act); \
+                                    tile512h(x, k, w, MR, 1, FMT_BF16, b, y, n, col0, act); } \
+        else { tile512h(x, k, w, MR, 0, FMT_I8, b, y, n, col0, act); \
+               tile512h(x, k, w, MR, 1, FMT_I8, b, y, n, col0, act); } }
 T512H(13) T512H(14) T512H(15) T512H(16) T512H(17) T512H(18) T512H(19) T512H(20) T512H(21) T512H(22)
 T512H(23) T512H(24)
 static const tile256_fn HALF512[MR_HALF + 1] = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
@@ -339,12 +363,12 @@ static const tile256_fn HALF512[MR_HALF + 1] = {NULL, NULL, NULL, NULL, NULL, NU
 X512 static void panels_avx512(const float *x, int64_t m, int64_t k, const uint16_t *w, int64_t p0,
                                int64_t p1, const float *b, float *y, int64_t n, int fmt, int act,
                                const int64_t *sizes, int64_t tiles) {
-    int64_t gs = k * PANEL;
+    int64_t gs = panel_elems(k, fmt);
     if (m <= 3) {
         int64_t most = m == 1 ? 4 : 2;
         for (int64_t p = p0; p < p1;) {
             int64_t g = min64(most, p1 - p);
-            WIDE512[m][g](x, k, w + p * gs, gs, b, y, n, p * PANEL, act, fmt);
+            WIDE512[m][g](x, k, PAN(w, p * gs, fmt), gs, b, y, n, p * PANEL, act, fmt);
             p += g;
         }
         return;
@@ -352,13 +376,29 @@ X512 static void panels_avx512(const float *x, int64_t m, int64_t k, const uint1
     for (int64_t p = p0; p < p1; p++)
         for (int64_t t = 0, r0 = 0; t < tiles; r0 += sizes[t], t++) {
             const tile256_fn f = sizes[t] <= MR_MAX ? ROWS512[sizes[t]] : HALF512[sizes[t]];
-            f(x + r0 * k, k, w + p * gs, gs, b, y + r0 * n, n, p * PANEL, act, fmt);
+            f(x + r0 * k, k, PAN(w, p * gs, fmt), gs, b, y + r0 * n, n, p * PANEL, act, fmt);
         }
 }
 
 /* The 32 weights of one input of a panel, widened. */
 X86 static void widen32_x86(const uint16_t *src, float *out, int fmt) {
-    for (int j = 0; j < PANEL; j += 8) _mm256_storeu_ps(out + j, load8(src + j, fmt));
+    for (int j = 0; j < PANEL; j += 8) _mm256_storeu_ps(out + j, load8(src, j, fmt));
+}
+
+/* The end of an int8 product, for outputs j0 .. j1 - 1 of `rows` rows of y: times the scales, + bias,
+   then gelu_new with act (the tiles ran without bias or act). As finish8, lane for lane. */
+X86 static void finish_i8_x86(const uint16_t *w, int64_t k, float *y, int64_t rows, int64_t n, int64_t j0,
+                              int64_t j1, const float *b, int act) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = j0; j < j1; j += 8) {
+            float t[8];
+            int64_t valid = min64(8, j1 - j);
+            for (int64_t c = 0; c < valid; c++)
+                t[c] = y[r * n + j + c] * scales_of(w, (j + c) / PANEL, k)[(j + c) % PANEL] + (b ? b[j + c] : 0.0f);
+            for (int64_t c = valid; c < 8; c++) t[c] = 0.0f;
+            if (act) _mm256_storeu_ps(t, gelu8(_mm256_loadu_ps(t)));
+            for (int64_t c = 0; c < valid; c++) y[r * n + j + c] = t[c];
+        }
 }
 
 static int cpu_has_avx2(void) {
@@ -430,6 +470,20 @@ static void pack_rows(const float *x, int64_t m, int64_t k, const int64_t *sizes
             for (int64_t i = 0; i < k; i++) xp[r0 * k + i * sizes[t] + r] = x[(r0 + r) * k + i];
 }
 
+/* The end of an int8 product (see finish_i8_x86), on path `simd`. */
+static void finish_i8(int simd, const uint16_t *w, int64_t k, float *y, int64_t rows, int64_t n, int64_t j0,
+                      int64_t j1, const float *b, int act) {
+#if HAVE_X86
+    if (simd) { finish_i8_x86(w, k, y, rows, n, j0, j1, b, act); return; }
+#endif
+    (void)simd;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = j0; j < j1; j++) {
+            float v = y[r * n + j] * scales_of(w, j / PANEL, k)[j % PANEL] + (b ? b[j] : 0.0f);
+            y[r * n + j] = act ? gelu_new(v) : v;
+        }
+}
+
 /* Panels p0 .. p1 - 1 of y [m, n] for rows x [m, k] (m <= MC), on path `simd`. */
 static void panels(int simd, const float *x, int64_t m, int64_t k, const uint16_t *w, int64_t p0, int64_t p1,
                    const float *b, float *y, int64_t n, int fmt, int act, const int64_t *sizes, int64_t tiles) {
@@ -462,9 +516,12 @@ static int product(const float *x, int64_t m, int64_t k, const uint16_t *w, int6
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1) if (threads > 1 && tasks > 1)
 #endif
-        for (int64_t t = 0; t < tasks; t++)
-            panels(simd, xs, mc, k, w, t * TASK, min64(count, (t + 1) * TASK), b, y + m0 * n, n, fmt, act, sizes,
-                   tiles);
+        for (int64_t t = 0; t < tasks; t++) {
+            int64_t p0 = t * TASK, p1 = min64(count, (t + 1) * TASK);
+            if (fmt != FMT_I8) { panels(simd, xs, mc, k, w, p0, p1, b, y + m0 * n, n, fmt, act, sizes, tiles); continue; }
+            panels(simd, xs, mc, k, w, p0, p1, NULL, y + m0 * n, n, fmt, 0, sizes, tiles);
+            finish_i8(simd, w, k, y + m0 * n, mc, n, p0 * PANEL, min64(n, p1 * PANEL), b, act);
+        }
     }
     free(xp);
     return 0;
@@ -474,9 +531,9 @@ static int product(const float *x, int64_t m, int64_t k, const uint16_t *w, int6
    the host copy of a weight. */
 static void unpack_rows(const uint16_t *w, int64_t k, int64_t j0, int64_t j1, float *dst, int fmt) {
     for (int64_t j = j0; j < j1; j++) {
-        const uint16_t *col = w + (j / PANEL) * k * PANEL + j % PANEL;
-        float *row = dst + (j - j0) * k;
-        for (int64_t i = 0; i < k; i++) row[i] = widen(col[i * PANEL], fmt);
+        int64_t e = (j / PANEL) * panel_elems(k, fmt) + j % PANEL;
+        float *row = dst + (j - j0) * k, s = fmt == FMT_I8 ? scales_of(w, j / PANEL, k)[j % PANEL] : 1.0f;
+        for (int64_t i = 0; i < k; i++) row[i] = widen_at(w, e + i * PANEL, fmt) * s;
     }
 }
 
@@ -491,12 +548,13 @@ static void unpack_t(const uint16_t *w, int64_t k, int64_t p0, int64_t p1, float
 #endif
     for (int64_t i = 0; i < k; i++)
         for (int64_t p = p0; p < p1; p++) {
-            const uint16_t *src = w + p * k * PANEL + i * PANEL;
+            int64_t e = p * panel_elems(k, fmt) + i * PANEL;
             float *out = dst + i * cols + (p - p0) * PANEL;
 #if HAVE_X86
-            if (simd) { widen32_x86(src, out, fmt); continue; }
+            if (simd && fmt != FMT_I8) { widen32_x86(w + e, out, fmt); continue; }
 #endif
-            for (int j = 0; j < PANEL; j++) out[j] = widen(src[j], fmt);
+            for (int j = 0; j < PANEL; j++)
+                out[j] = widen_at(w, e + j, fmt) * (fmt == FMT_I8 ? scales_of(w, p, k)[j] : 1.0f);
         }
 }
 
@@ -890,9 +948,10 @@ static Py_buffer *take(Held *h, PyObject *o, char code, int ndim, int writable) 
 
 /* 16-bit weights of n outputs over k inputs in panels (see the top of the file): a uint16 array
    [ceil(n / PANEL), k, PANEL]. NULL if it is not that. */
-static Py_buffer *take_weight(Held *h, PyObject *o, int64_t n, int64_t k) {
-    Py_buffer *v = take(h, o, 'H', 3, 0);
-    if (!v || n < 1 || k < 1 || v->shape[0] != (n + PANEL - 1) / PANEL || v->shape[1] != k || v->shape[2] != PANEL)
+static Py_buffer *take_weight(Held *h, PyObject *o, int64_t n, int64_t k, int64_t fmt) {
+    Py_buffer *v = take(h, o, fmt == FMT_I8 ? 'b' : 'H', 3, 0);
+    if (!v || n < 1 || k < 1 || v->shape[0] != (n + PANEL - 1) / PANEL || v->shape[2] != PANEL
+        || v->shape[1] != panel_elems(k, (int)fmt) / PANEL)
         return NULL;
     return v;
 }
@@ -916,7 +975,7 @@ static int same_shape(const Py_buffer *a, const Py_buffer *b) {
 }
 
 /* A weight format code this file knows. */
-static int known_format(int64_t fmt) { return fmt == FMT_F16 || fmt == FMT_BF16; }
+static int known_format(int64_t fmt) { return fmt == FMT_F16 || fmt == FMT_BF16 || fmt == FMT_I8; }
 
 static int as_int64(PyObject *o, int64_t *out) {
     long long v = PyLong_AsLongLong(o);
@@ -947,7 +1006,7 @@ static PyObject *py_matmul(PyObject *self, PyObject *const *a, Py_ssize_t na) {
     Py_buffer *x = take(&h, a[0], 'f', 2, 0);
     if (!x) NOT_TAKEN;
     int64_t m = x->shape[0], k = x->shape[1];
-    Py_buffer *w = take_weight(&h, a[1], n, k);
+    Py_buffer *w = take_weight(&h, a[1], n, k, fmt);
     Py_buffer *y = take(&h, a[4], 'f', 2, 1);
     if (!w || !y || !known_format(fmt) || !take_vector(&h, a[3], n, &b) || y->shape[0] != m || y->shape[1] != n)
         NOT_TAKEN;
@@ -969,7 +1028,7 @@ static PyObject *py_unpack(PyObject *self, PyObject *const *a, Py_ssize_t na) {
     if (!check_nargs(na, 8, "unpack") || !as_int64(a[1], &n) || !as_int64(a[2], &j0) || !as_int64(a[3], &j1)
         || !as_int64(a[4], &k) || !as_int64(a[6], &fmt) || !as_int64(a[7], &threads))
         return NULL;
-    Py_buffer *w = take_weight(&h, a[0], n, k);
+    Py_buffer *w = take_weight(&h, a[0], n, k, fmt);
     Py_buffer *out = take(&h, a[5], 'f', 2, 1);
     if (!w || !out || !known_format(fmt) || j0 < 0 || j1 > n || j1 < j0 || out->shape[0] != j1 - j0
         || out->shape[1] != k)
@@ -992,7 +1051,7 @@ static PyObject *py_unpack_t(PyObject *self, PyObject *const *a, Py_ssize_t na) 
     if (!check_nargs(na, 8, "unpack_t") || !as_int64(a[1], &n) || !as_int64(a[2], &p0) || !as_int64(a[3], &p1)
         || !as_int64(a[4], &k) || !as_int64(a[6], &fmt) || !as_int64(a[7], &threads))
         return NULL;
-    Py_buffer *w = take_weight(&h, a[0], n, k);
+    Py_buffer *w = take_weight(&h, a[0], n, k, fmt);
     Py_buffer *out = take(&h, a[5], 'f', 2, 1);
     if (!w || !out || !known_format(fmt) || p0 < 0 || p1 > w->shape[0] || p1 <= p0 || out->shape[0] != k
         || out->shape[1] != (p1 - p0) * PANEL)
@@ -1070,7 +1129,7 @@ static PyObject *py_self_attention(PyObject *self, PyObject *const *a, Py_ssize_
     Py_buffer *x = take(&h, a[0], 'f', 3, 0);
     if (!x || n_head < 1) NOT_TAKEN;
     int64_t b = x->shape[0], t = x->shape[1], c = x->shape[2], m = b * t, d = c / n_head;
-    Py_buffer *wa = take_weight(&h, a[1], 3 * c, c), *wp = take_weight(&h, a[3], c, c);
+    Py_buffer *wa = take_weight(&h, a[1], 3 * c, c, fmt), *wp = take_weight(&h, a[3], c, c, fmt);
     Py_buffer *k = take(&h, a[5], 'f', 4, 1), *v = take(&h, a[6], 'f', 4, 1), *out = take(&h, a[11], 'f', 3, 1);
     if (!wa || !wp || !out || !known_format(fmt) || c % n_head || !caches_fit(k, v, b, n_head, d, offset, t)
         || !same_shape(out, x)
@@ -1105,7 +1164,7 @@ static PyObject *py_mlp(PyObject *self, PyObject *const *a, Py_ssize_t na) {
     Py_buffer *x = take(&h, a[0], 'f', 2, 0);
     if (!x) NOT_TAKEN;
     int64_t m = x->shape[0], c = x->shape[1];
-    Py_buffer *wf = take_weight(&h, a[1], f, c), *wp = take_weight(&h, a[4], c, f);
+    Py_buffer *wf = take_weight(&h, a[1], f, c, fmt), *wp = take_weight(&h, a[4], c, f, fmt);
     Py_buffer *out = take(&h, a[8], 'f', 2, 1);
     if (!wf || !wp || !out || !known_format(fmt) || !same_shape(out, x) || !take_vector(&h, a[3], f, &b_fc)
         || !take_vector(&h, a[5], c, &b_proj))
@@ -1140,7 +1199,7 @@ static PyObject *py_ragged_self_attention(PyObject *self, PyObject *const *a, Py
     Py_buffer *x = take(&h, a[0], 'f', 3, 0);
     if (!x || n_head < 1 || x->shape[0] != 1 || !PyList_Check(a[5])) NOT_TAKEN;
     int64_t n = x->shape[1], c = x->shape[2], d = c / n_head, slots = PyList_GET_SIZE(a[5]);
-    Py_buffer *wa = take_weight(&h, a[1], 3 * c, c), *wp = take_weight(&h, a[3], c, c);
+    Py_buffer *wa = take_weight(&h, a[1], 3 * c, c, fmt), *wp = take_weight(&h, a[3], c, c, fmt);
     Py_buffer *rb = take(&h, a[6], 'q', 2, 0), *out = take(&h, a[10], 'f', 3, 1);
     if (!wa || !wp || !rb || !out || !known_format(fmt) || c % n_head || d < 1 || !same_shape(out, x)
         || rb->shape[1] != 4 || rb->shape[0] < 1 || !take_vector(&h, a[2], 3 * c, &b_attn)

@@ -50,8 +50,9 @@ from inferno.backends.numpy_backend import NumpyBackend
 #: The Hub's Conv1D weights (stored [in, out]) and the [V, C] embedding/head: the matrices kept in 16 bits.
 MATRICES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight",
             "wte.weight", "lm_head.weight")
-#: The formats, by option value: (numpy dtype of the stored bits, the kernel's format code).
-FORMATS = {"float16": 0, "bfloat16": 1}
+#: The formats, by option value: the kernel's format code. int8: symmetric, one float32 scale per output
+#: (row of the [out, in] matrix), max |w| / 127; see `quantize`.
+FORMATS = {"float16": 0, "bfloat16": 1, "int8": 2}
 #: Outputs per panel of the packed weights (`_kernels.c`'s PANEL).
 PANEL = 32
 #: Queries up to this many a sequence (decode, short prompts, prefill chunks) attend in the C kernel, which
@@ -138,8 +139,15 @@ class Weight16:
                    for i, j in enumerate(flat.tolist())):
                 return out.reshape(*ids.shape, k)
         # Row j's input i sits at blocks[j // PANEL, i, j % PANEL].
-        got = self.blocks[flat // PANEL, :, flat % PANEL]
-        return from_bits(np.ascontiguousarray(got), self.fmt).reshape(*ids.shape, k)
+        got = np.ascontiguousarray(self.blocks[flat // PANEL, :k, flat % PANEL])
+        if self.fmt == "int8":
+            return (got * self.scales()[flat][:, None]).reshape(*ids.shape, k)
+        return from_bits(got, self.fmt).reshape(*ids.shape, k)
+
+    def scales(self) -> np.ndarray:
+        """int8: the float32 scale of each output (padding included), from the end of each panel."""
+        k = self.rows[1]
+        return np.ascontiguousarray(self.blocks[:, k:, :]).view(np.float32).reshape(-1)
 
     def __repr__(self) -> str:
         return f"Weight16({self.rows[0]}x{self.rows[1]} [out, in], {self.fmt}, panels of {PANEL})"
@@ -149,6 +157,8 @@ def pack(out_in: np.ndarray, fmt: str) -> Weight16:
     """A float32 [out, in] matrix → `Weight16`, converted a few panels at a time (no full-size temporary)."""
     n, k = out_in.shape
     count = -(-n // PANEL)
+    if fmt == "int8":
+        return _pack_int8(out_in, count)
     blocks = np.zeros((count, k, PANEL), dtype=np.uint16)
     step = max(PANEL, (UNPACK_BYTES // max(1, 4 * k)) // PANEL * PANEL)
     for j0 in range(0, n, step):
@@ -160,26 +170,57 @@ def pack(out_in: np.ndarray, fmt: str) -> Weight16:
     return Weight16(blocks, (n, k), fmt)
 
 
+def quantize(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """float32 [r, k] → (int8 [r, k], float32 scales [r]): each row over max |row| / 127, rounded to
+    nearest (ties to even), so that row ≈ q * scale within scale / 2; a zero row gets scale 1."""
+    if not rows.size:
+        return rows.astype(np.int8), np.ones(len(rows), np.float32)
+    scales = (np.abs(rows).max(axis=1) / np.float32(127)).astype(np.float32)
+    scales[scales == 0] = 1
+    q = np.rint(rows / scales[:, None]).clip(-127, 127).astype(np.int8)
+    return q, scales.astype(np.float32)
+
+
+def _pack_int8(out_in: np.ndarray, count: int) -> Weight16:
+    """`pack` for int8: panels [out/32][in + 4][32] of int8, the last 4 rows of each panel its 32 float32
+    scales (128 bytes), quantized a few panels at a time."""
+    n, k = out_in.shape
+    blocks = np.zeros((count, k + 4, PANEL), dtype=np.int8)
+    step = max(PANEL, (UNPACK_BYTES // max(1, 4 * k)) // PANEL * PANEL)
+    for j0 in range(0, n, step):
+        j1 = min(n, j0 + step)
+        q, sc = quantize(np.asarray(out_in[j0:j1], dtype=np.float32))
+        rows = -(-(j1 - j0) // PANEL) * PANEL
+        part, scales = np.zeros((rows, k), np.int8), np.ones(rows, np.float32)
+        part[: j1 - j0], scales[: j1 - j0] = q, sc
+        p0, panels = j0 // PANEL, rows // PANEL
+        blocks[p0 : p0 + panels, :k] = part.reshape(-1, PANEL, k).transpose(0, 2, 1)
+        blocks[p0 : p0 + panels, k:] = scales.reshape(panels, PANEL).view(np.int8).reshape(panels, 4, PANEL)
+    return Weight16(blocks, (n, k), "int8")
+
+
 class HalfBackend(NumpyBackend):
     name = "half"
-    description = ("16-bit weights (dtype=float16|bfloat16), float32 activations and sums; a compiled "
-                   "kernel for decode (threads=N up to 1024)"
+    description = ("16-bit weights (dtype=float16|bfloat16) or 8-bit ones (dtype=int8), float32 activations "
+                   "and sums; compiled kernels (threads=N up to 1024)"
                    + ("" if _KERNELS is not None else " [kernel not compiled: NumPy fallback, slow]"))
 
     def __init__(self, dtype: Any = "float16", threads: Any = None) -> None:
-        """`dtype`: how the weights are stored, "float16" (default: 11 significant bits) or "bfloat16"
-        (8 bits, float32's range; what a BF16 checkpoint holds exactly). `threads`: threads of the
+        """`dtype`: how the weights are stored, "float16" (default: 11 significant bits), "bfloat16"
+        (8 bits, float32's range; what a BF16 checkpoint holds exactly) or "int8" (quantized at load:
+        8-bit integers and one float32 scale per output; half the bytes again). `threads`: threads of the
         compiled kernel, None or "auto" for the usable cores. Bad values raise ValueError naming the
         option."""
         super().__init__("float32")
         name = str(dtype).removeprefix("torch.").removeprefix("numpy.")
         if name not in FORMATS:
-            raise ValueError(f"half backend: option dtype={dtype!r} is not supported (choose float16 or "
-                             "bfloat16)")
+            raise ValueError(f"half backend: option dtype={dtype!r} is not supported (choose float16, "
+                             "bfloat16 or int8)")
         self.fmt = name
         self._code = FORMATS[name]
         # The conformance suite's tolerances follow the rounding of the weights.
-        self.dtype = np.dtype(np.float16) if name == "float16" else "bfloat16"
+        # (int8 has no entry there: it gets the loosest, bfloat16's.)
+        self.dtype = np.dtype(np.float16) if name == "float16" else name
         self.threads = _threads(threads)
         self.compiled = _KERNELS is not None
         self._workers: ThreadPoolExecutor | None = None  # for products of many rows, made when needed
@@ -346,8 +387,11 @@ class HalfBackend(NumpyBackend):
             if _KERNELS.unpack(w.blocks, n, j0, j1, k, out, self._code, 1):
                 return out
         p0 = j0 // PANEL
-        part = w.blocks[p0 : -(-j1 // PANEL)].transpose(0, 2, 1).reshape(-1, k)
-        return from_bits(np.ascontiguousarray(part[j0 - p0 * PANEL : j1 - p0 * PANEL]), w.fmt)
+        part = w.blocks[p0 : -(-j1 // PANEL), :k].transpose(0, 2, 1).reshape(-1, k)
+        got = np.ascontiguousarray(part[j0 - p0 * PANEL : j1 - p0 * PANEL])
+        if w.fmt == "int8":
+            return got * w.scales()[j0:j1, None]
+        return from_bits(got, w.fmt)
 
 
 def _f32(a: np.ndarray) -> np.ndarray:

@@ -18,7 +18,8 @@ from safetensors.numpy import load_file, save_file
 import inferno_half.backend as hb
 from inferno_half import HalfBackend
 
-FORMATS = ["float16", "bfloat16"]
+FORMATS = ["float16", "bfloat16", "int8"]
+SIXTEEN = FORMATS[:2]
 PROMPTS = ["Hello", "The quick brown fox", "Once upon a time", "def main():", "Numbers: 1, 2, 3,", "新年快乐"]
 
 
@@ -78,7 +79,7 @@ def test_bfloat16_rounds_to_nearest_even():
 def test_pack_keeps_every_value_and_row_gather(fmt, n, k):
     a = np.random.default_rng(n * k).standard_normal((n, k)).astype(np.float32)
     w = hb.pack(a, fmt)
-    want = hb.from_bits(hb.to_bits(a, fmt), fmt)
+    want = _rounded(a.T, fmt).T.astype(np.float32)
     be = HalfBackend(fmt)
     np.testing.assert_array_equal(be.to_numpy(w), want)
     ids = np.array([[0, n - 1, n // 2], [n // 3, 0, n - 1]])
@@ -99,7 +100,7 @@ def test_linear_matches_float64_of_the_rounded_weights(fmt, m, n, k, monkeypatch
     b = rng.standard_normal(n).astype(np.float32)
     be = HalfBackend(fmt, threads=2)
     w = be.prepare_weight("h.0.mlp.c_fc.weight", w_in_out)
-    rounded = hb.from_bits(hb.to_bits(w_in_out, fmt), fmt).astype(np.float64)
+    rounded = _rounded(w_in_out, fmt)
     want = x.astype(np.float64) @ rounded + b
     scale = np.abs(x).sum(axis=1, keepdims=True) * np.abs(rounded).max() + 1
     got = be.linear(x[None], w, b)[0]
@@ -159,7 +160,15 @@ def test_a_row_gets_the_same_bits_in_any_batch_and_on_either_simd_path(fmt):
 
 
 def _rounded(w_in_out: np.ndarray, fmt: str) -> np.ndarray:
-    return hb.from_bits(hb.to_bits(w_in_out, fmt), fmt).astype(np.float64)
+    """The weights the backend holds for `w_in_out` [in, out], in float64: rounded to the 16-bit format,
+    or for int8 each output's column quantized over max |column| / 127 and multiplied back."""
+    if fmt != "int8":
+        return hb.from_bits(hb.to_bits(w_in_out, fmt), fmt).astype(np.float64)
+    scale = np.abs(w_in_out).max(axis=0) / np.float32(127)
+    scale[scale == 0] = 1
+    q = np.clip(np.round(w_in_out / scale), -127, 127)
+    assert np.all(np.abs(q * scale - w_in_out) <= scale * 0.5001)
+    return q.astype(np.float64) * scale.astype(np.float64)
 
 
 def _gelu64(x: np.ndarray) -> np.ndarray:
@@ -255,7 +264,7 @@ def test_registered_with_its_options():
 
 
 @pytest.mark.parametrize("spec, needle", [
-    ("half:dtype=float32", "option dtype='float32' is not supported (choose float16 or bfloat16)"),
+    ("half:dtype=float32", "option dtype='float32' is not supported (choose float16, bfloat16 or int8)"),
     ("half:threads=0", "option threads=0 must be an integer >= 1 or 'auto'"),
     ("half:threads=5000", "option threads=5000 must be at most 1024"),
 ])
@@ -297,13 +306,13 @@ def greedy_agrees(want: inferno.api.Pipeline, got_ids: list[int], prompt: str, m
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_greedy_ids_match_numpy_up_to_near_ties(model_dir, numpy_pipe, fmt):
     pipe = inferno.load(model_dir, f"half:dtype={fmt}", download=False)
-    margin = {"float16": 0.02, "bfloat16": 0.1}[fmt]
+    margin = {"float16": 0.02, "bfloat16": 0.1, "int8": 0.3}[fmt]
     for prompt in PROMPTS:
         got = pipe.generate(prompt, max_new_tokens=16, stop_at_eos=False)
         greedy_agrees(numpy_pipe, got.ids, prompt, margin)
 
 
-@pytest.mark.parametrize("fmt, tolerance", [("float16", 2e-3), ("bfloat16", 2e-2)])
+@pytest.mark.parametrize("fmt, tolerance", [("float16", 2e-3), ("bfloat16", 2e-2), ("int8", 5e-2)])
 def test_logits_match_numpy(model_dir, numpy_pipe, fmt, tolerance):
     pipe = inferno.load(model_dir, f"half:dtype={fmt}", download=False)
     ids = numpy_pipe.encode("The quick brown fox jumps over the lazy dog. " * 3)
@@ -384,7 +393,7 @@ print(status("VmHWM") - base, held)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status (Linux)")
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", SIXTEEN)
 def test_load_peak_memory_is_at_most_1_2x_the_weights_held(tmp_path, fmt):
     # inferno.load streams the file one tensor at a time and the backend converts each as it comes, so
     # the float32 weights are never all in memory: the peak is the 16-bit weights plus the largest
