@@ -1,38 +1,36 @@
-"""The ``half`` backend: 16-bit weights, float32 activations, a compiled kernel for the matrix products.
+"""The ``half`` backend: 16-bit or 8-bit weights, float32 activations, compiled kernels for the products.
 
     inferno --backend half "Hello"                       # float16 weights
     inferno --backend half:dtype=bfloat16 "Hello"        # bfloat16 weights (a BF16 file stays exact)
+    inferno --backend half:dtype=int8 "Hello"            # int8 weights, quantized at load
     inferno --backend half:threads=1 "Hello"
 
-A decode step reads every weight once, so its speed is the memory bandwidth divided by the bytes of
-the weights: 16-bit weights halve them. Only the weights are rounded to 16 bits; activations, the KV
-cache, every sum and the logits stay float32 (this is `numpy`'s backend with different matrix
-products). Each product widens the weights in registers and accumulates in float32
-(`_kernels.c`: AVX2 + FMA + F16C where the CPU has them, portable C elsewhere, OpenMP threads).
+Only the weights are rounded: to float16 or bfloat16, or quantized to int8 with one float32 scale per
+output (max |row| / 127, see `quantize`). Activations, the KV cache, every sum and the logits stay
+float32: this is `numpy`'s backend with different matrix products. A step of one sequence reads every
+weight once, so its speed is the memory bandwidth over the bytes of the weights, which 16 bits halve and
+int8 halves again.
 
-Weights are converted once at load: the four block matrices to [out, in] rows, padded to multiples of
-8 and stored blocked (see `pack`); `wte` too, which serves both the embedding gather (rows widened on
-the fly) and the tied LM head, so the backend holds it once, in 16 bits. A product of more than
-`SMALL_M` rows (a prefill) is BLAS on float32 weights unpacked 8 MB at a time: BLAS beats a
-hand-written kernel there, and the unpacking costs little against the GEMM.
+What runs in C (`_kernels.c`), and why:
 
-The rest of a decode step is C too, because at one token a step NumPy's calls cost more than the work:
-the layer norms (~20 us each in NumPy, 25 a step); the attention, which one call runs straight from the
-fused c_attn product (writing the new keys and values into the cache, then attending with 8-wide dot
-products and exponentials: 14 us a layer at 100 cached tokens, against 41 for a scalar loop and ~50 for
-NumPy's stacked matmuls, plus the head split, cache writes and merge it saves); and the MLP's GELU,
-computed inside the c_fc product (NumPy's nine passes over 3072 values cost ~10 us, 12 times a step).
+* Every matrix product. The weights are packed once at load in panels of 32 outputs ([out/32][in][32]),
+  which the kernel streams in order; for each input, a panel's 32 weights are widened to float32 in
+  registers once and multiplied into a tile of up to 24 rows, so a step of many sequences (or a prompt)
+  reads and widens each weight once per tile and is bound by the FMAs, not by unpacking. Each output is
+  one FMA chain over its inputs, the same for any number of rows: a sequence gets the same bits batched
+  or alone. Paths by CPU feature at run time: AVX-512, AVX2 + FMA + F16C, portable C; OpenMP threads.
+* The rest of a decode step, because at one token a step NumPy's calls cost more than the work: the
+  layer norms; the attention block in one call per layer (the fused c_attn product, the cache writes,
+  the attention, c_proj), over all the rows of a ragged engine step at once; the MLP with its GELU
+  inside the first product; the embedding gather. Long prompts attend in tiles of 12 queries (AVX-512).
 
-Each C function takes the NumPy arrays themselves, through the buffer protocol (~0.05 us an array), and
-a decode step makes one call per layer norm, attention block and MLP, plus the embedding and the LM head
-(51 calls a 12-layer step). Through ctypes, as before, `.ctypes.data` alone cost 0.8 us an array, ~250
-arrays a step. In 9 paired rounds against `numpy` (2026-12-01) the step's ratio to `numpy`'s went from
-1.98x to 2.15x with this, and to 2.44x (4.71 ms a step) with the kernel's prefetch 4 KB ahead (see
-`_kernels.c`). A function declines (returns False, computing nothing) an array it does not take
-(another dtype, order or shape, a cache without room), and the NumPy path runs instead.
+Each C function takes the NumPy arrays themselves through the buffer protocol (cheaper than ctypes per
+array), releases the GIL, and declines (returns False, computing nothing) an array it does not take
+(another dtype, order or shape, a cache without room): the NumPy path runs instead.
 
-Without the compiled kernel (no C compiler at install) every product takes the unpacking path in
-NumPy: correct, and slow; `inferno backends` says so in the description of the backend.
+Without the compiled kernels (no C compiler at install) every product unpacks the weights in NumPy and
+calls BLAS: correct, and slow; `inferno backends` says so in the description of the backend. Measured
+figures are in docs/benchmarks-half.md.
 """
 
 from __future__ import annotations
@@ -340,8 +338,8 @@ class HalfBackend(NumpyBackend):
         return super().ragged_self_attention(x, w_attn, b_attn, w_proj, b_proj, slot_kv, rows, n_head)
 
     def _matmul(self, x: np.ndarray, w: Weight16, b: np.ndarray | None, gelu: bool = False) -> np.ndarray:
-        """[M, K] float32 @ the [K, N] that `w` holds, + b (then gelu_new, with `gelu`): the kernel for a
-        few rows, BLAS for more."""
+        """[M, K] float32 @ the [K, N] that `w` holds, + b (then gelu_new, with `gelu`): the kernel, or
+        BLAS on weights unpacked a slice at a time where the kernel is not built (or declines)."""
         m, k = x.shape
         n = w.rows[0]
         if _KERNELS is not None:
