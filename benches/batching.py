@@ -2,10 +2,12 @@
 engine; side by side in ONE run (124M-shape random weights).
 
     python benches/batching.py [--repeat 3] [--backends numpy,cpu-threaded] [--sizes 1,2,4,8,16,32]
+    python benches/batching.py --backends numpy,half,half:dtype=int8 --sizes 1,16   # options: name:k=v,k=v
 
 * Aggregate decode: N sequences (8-token prompts) decode `--new-tokens` tokens together through
   `Engine.step`; tok/s is N over the median decode step (prefill excluded), and the ratio is to N = 1 of
-  the same backend, as the median of the per-repeat ratios (and their range). Repeats interleave sizes.
+  the same backend, as the median of the per-repeat ratios (and their range). Repeats interleave sizes. A
+  second table gives each backend's tok/s over the first backend's at the same N (per-repeat ratios).
 * Batch 1 through the engine vs the batch-1 `generate_tokens` loop: ms per decode token.
 * Chunked prefill: 8 sequences decode while a 1,000-token prompt is admitted; the longest gap between two
   tokens of a running sequence, relative to their median gap (target <= 4x), for a few chunk sizes.
@@ -18,13 +20,15 @@ import statistics
 import sys
 import time
 
-from inferno.backends.registry import get_backend
+from inferno.backends.registry import get_backend, parse_backend_spec
 from inferno.bench import GPT2_124M, prompt_ids, random_weights
 from inferno.engine import Engine
 from inferno.generate import generate_tokens
 from inferno.model import Gpt2
 
 PROMPT, PAUSE = 8, 0.3
+#: The clock of every timing: wall time, or with --cpu-time the process's CPU time (see main).
+CLOCK = time.perf_counter
 
 
 def decode_tok_s(model: Gpt2, n: int, new_tokens: int) -> float:
@@ -37,10 +41,10 @@ def decode_tok_s(model: Gpt2, n: int, new_tokens: int) -> float:
     assert all(len(h.state.ids) == 1 for h in handles)
     steps = []
     while True:
-        start = time.perf_counter()
+        start = CLOCK()
         if not engine.step():
             break
-        steps.append(time.perf_counter() - start)
+        steps.append(CLOCK() - start)
     engine.close()
     assert all(len(h.state.ids) == new_tokens for h in handles)
     return n / statistics.median(steps)
@@ -50,9 +54,9 @@ def batch1_ms(model: Gpt2, new_tokens: int) -> float:
     """Median ms per decode token of the batch-1 loop."""
     stream = iter(generate_tokens(model, prompt_ids(PROMPT, model.config.vocab_size, seed=0), new_tokens))
     next(stream)  # the prefill and the first token
-    times, start = [], time.perf_counter()
+    times, start = [], CLOCK()
     for _ in stream:
-        now = time.perf_counter()
+        now = CLOCK()
         times.append(now - start)
         start = now
     return statistics.median(times) * 1e3
@@ -69,7 +73,7 @@ def prefill_gaps(model: Gpt2, chunk: int, long_prompt: int = 1000, decoders: int
     counts = [len(h.state.ids) for h in handles]
 
     def mark() -> None:
-        now = time.perf_counter()
+        now = CLOCK()
         for i, h in enumerate(handles):
             if len(h.state.ids) > counts[i]:
                 counts[i] = len(h.state.ids)
@@ -90,6 +94,18 @@ def prefill_gaps(model: Gpt2, chunk: int, long_prompt: int = 1000, decoders: int
     return max(gaps) / statistics.median(gaps), statistics.median(gaps) * 1e3
 
 
+def backend_specs(text: str) -> list[str]:
+    """"numpy,half:dtype=int8,threads=1" → ["numpy", "half:dtype=int8,threads=1"]: a part with "=" and
+    no ":" is one more option of the spec before it."""
+    specs: list[str] = []
+    for part in text.split(","):
+        if "=" in part and ":" not in part and specs:
+            specs[-1] += "," + part
+        else:
+            specs.append(part)
+    return specs
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
@@ -97,11 +113,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default="1,2,4,8,16,32")
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--chunks", default="16,32,64")
+    parser.add_argument("--cpu-time", action="store_true", help="time in process CPU seconds, BLAS on one "
+                        "thread: give each backend one thread (e.g. half:threads=1), and the figures are "
+                        "throughput per CPU-second, which neighbours on a shared machine disturb far less "
+                        "than wall time")
     args = parser.parse_args(argv)
+    if args.cpu_time:
+        global CLOCK
+        CLOCK = time.process_time
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(1)
     sizes = [int(s) for s in args.sizes.split(",")]
     weights = random_weights()
-    models = {name: Gpt2.from_weights(GPT2_124M, weights, get_backend(name))
-              for name in args.backends.split(",")}
+    models = {}
+    for spec in backend_specs(args.backends):
+        name, options = parse_backend_spec(spec)
+        models[spec] = Gpt2.from_weights(GPT2_124M, weights, get_backend(name, **options))
     tok_s = {(b, n): [] for b in models for n in sizes}
     b1 = {b: {"engine": [], "loop": []} for b in models}
     for model in models.values():
@@ -131,6 +159,16 @@ def main(argv: list[str] | None = None) -> int:
             cells.append(f"{statistics.median(tok_s[b, n]):.1f} | {statistics.median(ratios):.2f}x "
                          f"({min(ratios):.2f}-{max(ratios):.2f})")
         print(f"| {n} | " + " | ".join(cells) + " |")
+    first, others = next(iter(models)), list(models)[1:]
+    if others:
+        print("\n| sequences | " + " | ".join(f"{b} / {first}" for b in others) + " |")
+        print("| --: |" + " --: |" * len(others))
+        for n in sizes:
+            cells = []
+            for b in others:
+                ratios = [x / y for x, y in zip(tok_s[b, n], tok_s[first, n], strict=True)]
+                cells.append(f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})")
+            print(f"| {n} | " + " | ".join(cells) + " |")
     print("\n| backend | batch-1 loop ms/token | engine, 1 sequence, ms/token | engine / loop speed |")
     print("| --- | --: | --: | --: |")
     for b in models:
@@ -140,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n| backend | prefill chunk | longest gap / median gap | median gap ms |")
     print("| --- | --: | --: | --: |")
     for b, model in models.items():
-        for chunk in (int(c) for c in args.chunks.split(",")):
+        for chunk in (int(c) for c in args.chunks.split(",") if c):  # --chunks "": none
             worst, median = prefill_gaps(model, chunk)
             print(f"| {b} | {chunk} | {worst:.2f}x | {median:.1f} |")
     for model in models.values():

@@ -5,6 +5,7 @@
     python benches/serving.py --backend cpu-threaded --levels 1,4,16
     python benches/serving.py --model-dir gpt2                 # real weights
     python benches/serving.py --url http://127.0.0.1:8000      # a server already running (any OpenAI one)
+    python benches/serving.py --backend numpy --backend half --levels 16 --repeat 3   # side by side
 
 Each client sends `--rounds` streaming requests one after another: a prompt of `--prompt-tokens` random
 token ids (a different one per client and round) and `--new-tokens` new tokens (ignore_eos, so every
@@ -12,6 +13,11 @@ request generates them all). The server (started here unless --url) has as many 
 level. TTFT is measured from sending the request to the first token's chunk; ITL between consecutive
 token chunks of one request; output tok/s is all new tokens of a level over its wall time. Prints a
 markdown table and the command that made it (--json: the numbers as JSON).
+
+With several `--backend`s, one server per backend is started (idle ones cost no CPU) and each level
+runs on each server in turn, `--repeat` times, so that a noisy neighbour slows all alike: the tables
+hold the medians over repeats, and a last table each backend's output tok/s over the first's (the
+median of the per-repeat ratios, and their range).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -158,53 +165,87 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-tokens", type=int, default=64)
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--backend", default="numpy", help="the server's --backend (numpy)")
+    p.add_argument("--backend", action="append", help="the server's --backend (numpy); repeat it to "
+                   "compare backends side by side")
+    p.add_argument("--repeat", type=int, default=1, help="rounds over the levels and backends (1)")
     p.add_argument("--model-dir", help="real model files (default: random 124M-shape weights)")
     p.add_argument("--url", help="benchmark this running server instead of starting one")
     p.add_argument("--model", default="gpt2", help="the model field of the requests (gpt2)")
-    p.add_argument("--port", type=int, default=8471)
+    p.add_argument("--port", type=int, default=8471, help="the first server's port (8471; the next +1, ...)")
     p.add_argument("--json", action="store_true", help="print the numbers as JSON")
     args = p.parse_args(argv)
+    backends = args.backend or ["numpy"]
+    if args.url and len(backends) > 1:
+        p.error("--url benchmarks one running server: give no --backend with it")
+    if args.repeat < 1:
+        p.error("--repeat must be >= 1")
 
-    proc, tmp = None, None
-    url = args.url.rstrip("/") if args.url else f"http://127.0.0.1:{args.port}"
+    procs, tmp = [], None
+    urls = ([args.url.rstrip("/")] if args.url else
+            [f"http://127.0.0.1:{args.port + i}" for i in range(len(backends))])
+    runs: dict[str, list[list[dict]]] = {b: [[] for _ in args.levels] for b in backends}
     try:
         if args.url is None:
             tmp = Path(tempfile.mkdtemp(prefix="inferno-serving-"))
             model_dir = Path(args.model_dir) if args.model_dir else random_model_dir(tmp / "model")
-            log = tmp / "server.log"
-            proc = start_server(model_dir, args.backend, max(args.levels), args.port, log)
-            print(f"[server log: {log}]", file=sys.stderr)
-        wait_ready(url, proc)
-        asyncio.run(run_level(url, 1, 1, argparse.Namespace(**{**vars(args), "new_tokens": 4})))  # warm-up
-        rows = []
-        for clients in args.levels:
-            rows.append(asyncio.run(run_level(url, clients, args.rounds, args)))
-            print(f"[{clients} clients: {rows[-1]['output_tok_s']:.1f} tok/s]", file=sys.stderr)
+            for i, backend in enumerate(backends):
+                log = tmp / f"server-{i}.log"
+                procs.append(start_server(model_dir, backend, max(args.levels), args.port + i, log))
+                print(f"[{backend} server log: {log}]", file=sys.stderr)
+        for i, url in enumerate(urls):
+            wait_ready(url, procs[i] if procs else None)
+            warm_up = argparse.Namespace(**{**vars(args), "new_tokens": 4})
+            asyncio.run(run_level(url, 1, 1, warm_up))
+        for r in range(args.repeat):
+            for j, clients in enumerate(args.levels):
+                for backend, url in zip(backends, urls, strict=True):
+                    row = asyncio.run(run_level(url, clients, args.rounds, args))
+                    runs[backend][j].append(row)
+                    print(f"[repeat {r + 1}, {backend}, {clients} clients: {row['output_tok_s']:.1f} tok/s]",
+                          file=sys.stderr)
     finally:
-        if proc is not None:
+        for proc in procs:
             proc.send_signal(signal.SIGTERM)
+        for proc in procs:
             try:
                 proc.wait(60)
             except subprocess.TimeoutExpired:
                 proc.kill()
         if tmp is not None and args.model_dir is None:
             shutil.rmtree(tmp / "model", ignore_errors=True)
+    medians = {b: [_median_row(level) for level in runs[b]] for b in backends}
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps(medians[backends[0]] if len(backends) == 1 else
+                         {"medians": medians, "runs": runs}, indent=2))
         return 0
-    source = args.url or (args.model_dir or "random 124M-shape weights") + f", {args.backend} backend"
     # This process's BLAS: a server started here inherits its environment.
     from inferno.blas import line as blas_line
 
-    print(f"Serving: {args.prompt_tokens}-token prompts, {args.new_tokens} new tokens, temperature "
-          f"{args.temperature:g}, {args.rounds} request(s) per client ({source}; "
-          f"{blas_line()})\n")
-    print(table(rows))
+    for backend in backends:
+        source = args.url or (args.model_dir or "random 124M-shape weights") + f", {backend} backend"
+        print(f"Serving: {args.prompt_tokens}-token prompts, {args.new_tokens} new tokens, temperature "
+              f"{args.temperature:g}, {args.rounds} request(s) per client, medians of {args.repeat} "
+              f"({source}; {blas_line()})\n")
+        print(table(medians[backend]) + "\n")
+    if len(backends) > 1:
+        print("| clients | " + " | ".join(f"{b} / {backends[0]}" for b in backends[1:]) + " |")
+        print("| ---: |" + " ---: |" * (len(backends) - 1))
+        for j, clients in enumerate(args.levels):
+            cells = []
+            for b in backends[1:]:
+                ratios = [x["output_tok_s"] / y["output_tok_s"]
+                          for x, y in zip(runs[b][j], runs[backends[0]][j], strict=True)]
+                cells.append(f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})")
+            print(f"| {clients} | " + " | ".join(cells) + " |")
     flags = " ".join(sys.argv[1:] if argv is None else argv)
     print(f"\n`python benches/serving.py{' ' + flags if flags else ''}`")
     return 0
 
+
+def _median_row(rows: list[dict]) -> dict:
+    """Each number of a level's row, the median over repeats."""
+    return {key: statistics.median(r[key] for r in rows) if isinstance(rows[0][key], int | float)
+            else rows[0][key] for key in rows[0]}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -2,10 +2,11 @@
 
     python benches/sixteen_bit.py                    # 5 interleaved rounds
     python benches/sixteen_bit.py --rounds 9 --steps 64 --json out.json
+    python benches/sixteen_bit.py --accuracy         # each format's logits and greedy ids against float32
 
 Backends (each skipped with a note when not installed): `numpy` (float32, the baseline), `torch` in
 float32 and bfloat16 (the inferno-gpt2-torch plugin: oneDNN-packed weights on the CPU), and `half` with
-float16 and bfloat16 weights (the inferno-gpt2-half plugin: float32 activations, a compiled GEMV).
+float16, bfloat16 and int8 weights (the inferno-gpt2-half plugin: float32 activations, compiled kernels).
 
 All get the same random weights of the GPT-2 124M shape. Each round runs every backend once, in turn,
 so that a noisy neighbour slows all of them alike (with a rest of `PAUSE` before each timed part, for
@@ -14,6 +15,12 @@ is the median of the per-round ratios to `numpy`. Decode is the median step time
 one-token steps after a 64-token prefill, the first `WARMUP` steps left out; prefill is the prompt through
 a fresh KV cache up to the host logits of its last position. A memory-bandwidth probe (reading a
 512 MB array) says what the floor is: bytes of weights per step / bandwidth.
+
+`--accuracy` instead compares each backend's weights with float32's (`numpy`) on the same random
+weights: the logits of a prompt of 8 tokens and the 256 tokens float32 generates greedily after it
+(teacher-forced: the max |logit error| over max |logit|, and the share of those 256 positions whose
+argmax is float32's), and the backend's own free-running greedy run (how many of the 256 tokens match
+before the first difference).
 """
 
 from __future__ import annotations
@@ -33,15 +40,18 @@ from inferno.backends.registry import (
     get_backend,
     parse_backend_spec,
 )
-from inferno.bench import GPT2_124M, prompt_ids, random_weights, time_prefill
+from inferno.bench import GPT2_124M, prompt_ids, random_weights
 from inferno.model import Gpt2
 
-SPECS = ("numpy", "torch:device=cpu", "torch:device=cpu,dtype=bfloat16", "half", "half:dtype=bfloat16")
+SPECS = ("numpy", "torch:device=cpu", "torch:device=cpu,dtype=bfloat16", "half", "half:dtype=bfloat16",
+         "half:dtype=int8")
 PREFILLS = (64, 1000)
 WARMUP = 4
 #: Seconds of rest before each timed part: the thread pools of the part before (OpenBLAS's spin ~0.1 s
 #: after a call, OpenMP's for a while) would otherwise take cores from this one's first steps.
 PAUSE = 0.3
+#: The clock of every timing: wall time, or with --cpu-time the process's CPU time (see main).
+CLOCK = time.perf_counter
 
 
 def decode_ms(model: Gpt2, ids: list[int], steps: int) -> float:
@@ -52,10 +62,18 @@ def decode_ms(model: Gpt2, ids: list[int], steps: int) -> float:
     times = []
     for _ in range(steps):
         token = int(np.argmax(logits[0]))
-        start = time.perf_counter()
+        start = CLOCK()
         logits = be.to_numpy(model.forward(np.asarray([[token]]), cache))
-        times.append(time.perf_counter() - start)
+        times.append(CLOCK() - start)
     return 1e3 * statistics.median(times[WARMUP:] if steps > 2 * WARMUP else times)
+
+
+def prefill_s(model: Gpt2, ids: list[int]) -> float:
+    """Seconds (of CLOCK) for the prompt through a fresh cache up to the host logits of its last position."""
+    cache = model.new_cache(1, len(ids) + 1)
+    start = CLOCK()
+    model.backend.to_numpy(model.forward(np.asarray([ids]), cache))
+    return CLOCK() - start
 
 
 def bandwidth_gbs(threads: int) -> float:
@@ -92,6 +110,36 @@ def weight_bytes(model: Gpt2) -> int:
     return total
 
 
+def greedy(model: Gpt2, ids: list[int], steps: int) -> list[int]:
+    """`steps` greedy tokens after `ids` (the logits' argmax each step)."""
+    cache = model.new_cache(1, len(ids) + steps)
+    logits = model.backend.to_numpy(model.forward(np.asarray([ids]), cache))
+    out = []
+    for _ in range(steps):
+        out.append(int(np.argmax(logits[0])))
+        logits = model.backend.to_numpy(model.forward(np.asarray([[out[-1]]]), cache))
+    return out
+
+
+def accuracy(models: dict[str, Gpt2], steps: int = 256) -> list[dict]:
+    """Each model's logits and greedy tokens against the first one's (float32 `numpy`)."""
+    prompt = prompt_ids(8, GPT2_124M.vocab_size)
+    ref_model = next(iter(models.values()))
+    ref_ids = greedy(ref_model, prompt, steps)
+    seq = np.asarray([prompt + ref_ids[:-1]])
+    ref = ref_model.backend.to_numpy(ref_model.forward(seq, all_logits=True))[0, len(prompt) - 1 :]
+    rows = []
+    for spec, model in models.items():
+        got = model.backend.to_numpy(model.forward(seq, all_logits=True))[0, len(prompt) - 1 :]
+        own = greedy(model, prompt, steps)
+        same = next((i for i, (a, b) in enumerate(zip(own, ref_ids, strict=True)) if a != b), steps)
+        error = float(np.abs(got - ref).max() / np.abs(ref).max())
+        rows.append({"backend": spec, "max_rel_logit_error": error,
+                     "argmax_agreement": float((got.argmax(-1) == np.asarray(ref_ids)).mean()),
+                     "greedy_prefix": same})
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=5)
@@ -99,7 +147,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backends", nargs="+", default=list(SPECS))
     p.add_argument("--no-prefill-1000", action="store_true", help="skip the 1000-token prefill (slow)")
     p.add_argument("--json", metavar="FILE")
+    p.add_argument("--accuracy", action="store_true", help="compare logits and greedy ids with float32 "
+                   "instead of timing (the first backend is the reference: keep numpy first)")
+    p.add_argument("--cpu-time", action="store_true", help="time in process CPU seconds, BLAS on one "
+                   "thread: give each backend one thread (e.g. half:threads=1); far less disturbed by "
+                   "neighbours on a shared machine than wall time")
     args = p.parse_args(argv)
+    if args.cpu_time:
+        global CLOCK
+        CLOCK = time.process_time
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(1)
 
     weights = random_weights()
     models: dict[str, Gpt2] = {}
@@ -113,6 +172,20 @@ def main(argv: list[str] | None = None) -> int:
         host = {k: np.asarray(a, order=be.weight_order(k)) for k, a in weights.items()}
         models[spec] = Gpt2.from_weights(GPT2_124M, host, be)
     del weights
+    if args.accuracy:
+        rows = accuracy(models)
+        print(f"\nGPT-2 124M shape, random weights: each backend against {next(iter(models))} over a prompt "
+              "of 8 tokens and the 256 tokens it generates greedily")
+        print("| backend | max logit error / max logit | argmax = float32's (teacher-forced) | "
+              "greedy tokens equal before the first difference |")
+        print("| --- | --: | --: | --: |")
+        for row in rows:
+            print(f"| {row['backend']} | {row['max_rel_logit_error']:.2e} | {row['argmax_agreement']:.3f} | "
+                  f"{row['greedy_prefix']} / 256 |")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(rows, f, indent=1)
+        return 0
     prefills = PREFILLS[:1] if args.no_prefill_1000 else PREFILLS
     prompts = {n: prompt_ids(n, GPT2_124M.vocab_size) for n in (64, *prefills)}
     results: dict[str, dict[str, list[float]]] = {s: {} for s in models}
@@ -125,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
             res.setdefault("decode_ms", []).append(decode_ms(model, prompts[64], args.steps))
             for n in prefills:
                 time.sleep(PAUSE)
-                res.setdefault(f"prefill{n}_tok_s", []).append(n / time_prefill(model, prompts[n]))
+                res.setdefault(f"prefill{n}_tok_s", []).append(n / prefill_s(model, prompts[n]))
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
     load_after = os.getloadavg()[0]
 

@@ -12,6 +12,8 @@ head. This times those products alone, best of `--repeat` runs, in several ways:
 * ``T``: ``(w.T @ x.T).T`` with w.T row-major (the big matrix as BLAS's A operand);
 * ``split-N`` / ``split-M``: our own two threads each take half of the outputs / of the rows, BLAS on one
   thread each (what cpu-threaded could do);
+* ``half`` / ``half-i8`` (where the inferno-half plugin is installed): its kernel on the same weights
+  packed in float16 / int8 panels, on two threads (one pass over each panel serves every row);
 
 and the head as numpy runs it (``x @ wte.T``, wte in Fortran order). With `--coretypes`, each OpenBLAS
 kernel (``OPENBLAS_CORETYPE``) runs in a fresh process. Columns: ms for the 48 block products, and
@@ -72,11 +74,31 @@ def _blocks(kind: str, xs: list, blocks: list, fortran: list, pool: ThreadPoolEx
                 a.result(), b.result()
 
 
+def _half_blocks(kernels, xs: list, packed: list, code: int) -> None:
+    """The 48 block products through inferno-half's kernel (two threads)."""
+    for layer in packed:
+        for x, w in zip(xs, layer, strict=True):
+            y = np.empty((x.shape[0], w.rows[0]), np.float32)
+            kernels.matmul(x, w.blocks, w.rows[0], None, y, code, 2, False)
+
+
+def _half():
+    """inferno-half's backend module, or None where the plugin (or its compiled kernels) is missing."""
+    try:
+        import inferno_half.backend as hb
+    except ImportError:
+        return None
+    return hb if hb._KERNELS is not None else None
+
+
 def measure(rows: list[int], repeat: int) -> dict:
     rng = np.random.default_rng(0)
     blocks = [[rng.standard_normal(s, dtype=np.float32) for s in SHAPES] for _ in range(LAYERS)]
     fortran = [[np.asfortranarray(w) for w in layer] for layer in blocks]
     wte = np.asfortranarray(rng.standard_normal((VOCAB, C), dtype=np.float32))
+    hb = _half()
+    packed = {fmt: [[hb.pack(w.T, fmt) for w in layer] for layer in blocks] for fmt in ("float16", "int8")} \
+        if hb else {}
     pool = ThreadPoolExecutor(2)
     results: dict = {}
     for m in rows:
@@ -86,6 +108,10 @@ def measure(rows: list[int], repeat: int) -> dict:
         with threadpool_limits(1):  # BLAS on one thread, our two threads split the product
             for kind in ("split-N",) + (("split-M",) if m > 1 else ()):
                 row[kind] = best_ms(partial(_blocks, kind, xs, blocks, fortran, pool), repeat)
+        for kind, fmt in (("half", "float16"), ("half-i8", "int8")):
+            if fmt in packed:
+                run = partial(_half_blocks, hb._KERNELS, xs, packed[fmt], hb.FORMATS[fmt])
+                row[kind] = best_ms(run, repeat)
         row["head"] = best_ms(partial(_product, xh, wte.T), repeat)
         results[m] = row
         cells = [f"{k} {v:6.1f} ms ({m * BLOCK_FLOP / v / 1e6:4.0f} GF/s)"

@@ -3,19 +3,24 @@
    y[m, j] = b[j] + sum_k x[m, k] * w[j, k]      x: float32 [M, K], w: 16-bit [N, K] (row j = output j),
                                                   b: float32 [N] or NULL, y: float32 [M, N]
 
-   w is stored blocked, as packed once at load by inferno_half.backend.pack: N and K padded with zeros to
-   multiples of 8, then [N/8][K/8][8 rows][8 columns], so that the kernel reads it strictly in order
-   (eight interleaved row streams measured 30 GB/s on the development machine, the blocked stream 45+).
+   w is stored in panels, as packed once at load by inferno_half.backend.pack: N padded with zeros to a
+   multiple of PANEL (32), then [N/32][K][32]: panel p holds outputs 32p .. 32p + 31, and for each input k
+   their 32 weights side by side (64 bytes, one cache line). The kernel reads a panel strictly in order.
 
-   A decode step is one such product per weight matrix with M = 1, bound by how fast the weights stream
-   from memory: 16-bit weights halve the bytes. Each weight is widened to float32 in registers and
-   accumulated in float32, so only the weights are rounded, never the activations or the sums.
+   The product is an outer product, register-blocked: for each k, the 32 weights of a panel are widened
+   to float32 once (two AVX-512 vectors) and multiplied into up to MR_MAX rows of x at once (each x[m, k]
+   broadcast), so a step of many sequences reads and widens every weight once per tile of rows rather
+   than once per row, and its cost is the FMAs, not the unpacking. One row alone is bound by how fast the
+   weights stream from memory; it takes several panels at a time (independent FMA chains, a few memory
+   streams). Each output's sum runs over k in order, one FMA chain from zero, the bias added after: the
+   same arithmetic for any number of rows and on either SIMD path, so a row of a batch gets the bits it
+   gets alone. Only the weights are rounded; activations and sums stay float32.
+
+   Paths, chosen at run time by CPU feature: AVX-512F (x86-64-v4), AVX2 + FMA + F16C, portable C.
+   The panels are split among OpenMP threads where the compiler supports OpenMP.
 
    Two weight formats: IEEE float16 (FMT_F16) and bfloat16 (FMT_BF16, the top half of a float32).
-   An AVX2 + FMA + F16C path is chosen at run time where the CPU has it; otherwise portable C.
-   The output rows are split among OpenMP threads where the compiler supports OpenMP.
-
-   Python calls them through the functions at the end of this file, which take NumPy arrays. */
+   Python calls the kernels through the functions at the end of this file, which take NumPy arrays. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -30,6 +35,18 @@
 
 #define FMT_F16 0
 #define FMT_BF16 1
+#define FMT_I8 2   /* int8, one float32 scale per output (see panel_elems) */
+
+#define PANEL 32   /* outputs per panel */
+#define TASK 4     /* panels per thread task: 128 outputs */
+#define MR_MAX 12  /* rows per register tile (AVX-512: 12 x 2 accumulators) */
+#define MC 96      /* rows per pass over the weights: x's chunk stays in L2 while the panels go by */
+
+#define PATH_PORTABLE 0
+#define PATH_AVX2 1
+#define PATH_AVX512 2
+
+static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 /* ------------------------------------------------------------------------------------ portable C */
 
@@ -60,6 +77,22 @@ static float bf16_to_f32(uint16_t h) {
 
 static inline float widen(uint16_t h, int fmt) { return fmt == FMT_F16 ? f16_to_f32(h) : bf16_to_f32(h); }
 
+/* Weights are addressed by element: 2 bytes in the 16-bit formats, 1 in int8. An int8 panel holds its K
+   rows of 32 weights, then its 32 outputs' float32 scales (128 bytes: 4 more rows). */
+static inline int64_t panel_elems(int64_t k, int fmt) { return (k + (fmt == FMT_I8 ? 4 : 0)) * PANEL; }
+#define AT(w, e, fmt) ((const char *)(w) + (e) * ((fmt) == FMT_I8 ? 1 : 2))
+#define PAN(w, e, fmt) ((const uint16_t *)AT(w, e, fmt))
+
+/* Element e widened to float32 (an int8 one unscaled). */
+static inline float widen_at(const uint16_t *w, int64_t e, int fmt) {
+    return fmt == FMT_I8 ? (float)((const int8_t *)w)[e] : widen(w[e], fmt);
+}
+
+/* The scales of panel p of an int8 weight over k inputs. */
+static inline const float *scales_of(const uint16_t *w, int64_t p, int64_t k) {
+    return (const float *)AT(w, p * panel_elems(k, FMT_I8) + k * PANEL, FMT_I8);
+}
+
 /* GPT-2's tanh GELU as x * sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3): the same function, since
    (1 + tanh(u)) / 2 = 1 / (1 + e^(-2u)). */
 static float gelu_new(float x) {
@@ -67,38 +100,54 @@ static float gelu_new(float x) {
     return x / (1.0f + expf(-2.0f * u));
 }
 
-/* Output rows of the 8-row blocks jb0 .. jb1 - 1, for every input row (then gelu_new, with `act`). */
-static void blocks_portable(const float *x, int64_t m_rows, int64_t kp, const uint16_t *w, int64_t jb0,
-                            int64_t jb1, const float *b, float *y, int64_t n, int fmt, int act) {
-    for (int64_t jb = jb0; jb < jb1; jb++) {
-        const uint16_t *blk = w + jb * 8 * kp;
-        for (int64_t m = 0; m < m_rows; m++) {
-            const float *xm = x + m * kp;
-            float acc[8] = {0};
-            for (int64_t i = 0; i < kp; i += 8)
-                for (int r = 0; r < 8; r++)
-                    for (int c = 0; c < 8; c++) acc[r] += xm[i + c] * widen(blk[i * 8 + r * 8 + c], fmt);
-            for (int r = 0; r < 8 && jb * 8 + r < n; r++) {
-                float v = acc[r] + (b ? b[jb * 8 + r] : 0.0f);
-                y[m * n + jb * 8 + r] = act ? gelu_new(v) : v;
+/* Inputs widened per chunk on the portable path (32 KB of floats on the stack). */
+#define PORTABLE_KC 256
+
+/* Panels p0 .. p1 - 1 for every row of x [m, k] (m <= MC), portable C: each chunk of a panel is widened
+   once into a buffer, then serves every row (sums in k order, as the SIMD paths, without FMA). */
+static void panels_portable(const float *x, int64_t m, int64_t k, const uint16_t *w, int64_t p0, int64_t p1,
+                            const float *b, float *y, int64_t n, int fmt, int act) {
+    float buf[PORTABLE_KC * PANEL], acc[MC][PANEL];
+    for (int64_t p = p0; p < p1; p++) {
+        int64_t pe = p * panel_elems(k, fmt);
+        memset(acc, 0, sizeof(float) * PANEL * (size_t)m);
+        for (int64_t i0 = 0; i0 < k; i0 += PORTABLE_KC) {
+            int64_t kc = min64(PORTABLE_KC, k - i0);
+            for (int64_t i = 0; i < kc * PANEL; i++) buf[i] = widen_at(w, pe + i0 * PANEL + i, fmt);
+            for (int64_t r = 0; r < m; r++) {
+                const float *xr = x + r * k + i0;
+                float *a = acc[r];
+                for (int64_t i = 0; i < kc; i++) {
+                    float xv = xr[i];
+                    for (int j = 0; j < PANEL; j++) a[j] += xv * buf[i * PANEL + j];
+                }
             }
         }
+        int64_t j0 = p * PANEL, cols = min64(PANEL, n - j0);
+        for (int64_t r = 0; r < m; r++)
+            for (int64_t j = 0; j < cols; j++) {
+                float v = acc[r][j] + (b ? b[j0 + j] : 0.0f);
+                y[r * n + j0 + j] = act ? gelu_new(v) : v;
+            }
     }
 }
 
-/* ------------------------------------------------------------------------- AVX2 + FMA + F16C (x86) */
+/* --------------------------------------------------------------------------------- x86 SIMD paths */
 
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
 #define HAVE_X86 1
 #include <immintrin.h>
 
 #define X86 __attribute__((target("avx2,fma,f16c")))
+#define X512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+#define INLINE inline __attribute__((always_inline))
 #ifndef PREFETCH
-#define PREFETCH 2048 /* weights (2 bytes each): 4 KB */
+#define PREFETCH 2048 /* weights (2 bytes each): 4 KB ahead of each panel's stream */
 #endif
 
-X86 static inline __m256 load8(const uint16_t *p, int fmt) {
-    __m128i h = _mm_loadu_si128((const __m128i *)p);
+X86 static INLINE __m256 load8(const uint16_t *w, int64_t e, int fmt) {
+    if (fmt == FMT_I8) return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)AT(w, e, fmt))));
+    __m128i h = _mm_loadu_si128((const __m128i *)(w + e));
     if (fmt == FMT_F16) return _mm256_cvtph_ps(h);
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
@@ -136,45 +185,231 @@ X86 static inline __m256 gelu8(__m256 x) {
     return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), exp8(u)));
 }
 
-/* One 8-row block for one input row: eight independent accumulators (both FMA units busy despite their
-   latency) fed by one sequential stream of weights. For more input rows the block is read again, from
-   the cache (8 rows x K x 2 bytes: 12 KB for K = 768, 48 KB for 3072). */
-X86 static void blocks_x86(const float *x, int64_t m_rows, int64_t kp, const uint16_t *w, int64_t jb0,
-                           int64_t jb1, const float *b, float *y, int64_t n, int fmt, int act) {
-    for (int64_t jb = jb0; jb < jb1; jb++) {
-        const uint16_t *blk = w + jb * 8 * kp;
-        for (int64_t m = 0; m < m_rows; m++) {
-            const float *xm = x + m * kp;
-            const uint16_t *p = blk;
-            __m256 acc[8];
-            for (int r = 0; r < 8; r++) acc[r] = _mm256_setzero_ps();
-            for (int64_t i = 0; i < kp; i += 8, p += 64) {
-                __m256 xv = _mm256_loadu_ps(xm + i);
-                /* 4 KB ahead of the stream. 1 KB ahead was 20% faster than the hardware prefetcher alone
-                   (on Zen 4); on this Zen 5 host the 49 products of a step took 4.8-5.3 ms 4 KB ahead
-                   against 6.0-6.4 ms 1 KB ahead (medians of 12 interleaved rounds, three runs). */
-                _mm_prefetch((const char *)(p + PREFETCH), _MM_HINT_T0);
-                _mm_prefetch((const char *)(p + PREFETCH + 32), _MM_HINT_T0);
-                for (int r = 0; r < 8; r++) acc[r] = _mm256_fmadd_ps(load8(p + r * 8, fmt), xv, acc[r]);
+/* The end of a tile: 8 sums of row r (outputs col .. col + 7) + bias (then gelu_new), the outputs
+   beyond n left out. Lane-wise the same operations on both paths, so their results agree. */
+X86 static INLINE void finish8(__m256 acc, const float *b, float *yr, int64_t col, int64_t n, int act) {
+    if (col >= n) return;
+    float t[8];
+    _mm256_storeu_ps(t, acc);
+    int64_t valid = min64(8, n - col);
+    if (b)
+        for (int64_t j = 0; j < valid; j++) t[j] += b[col + j];
+    if (act) _mm256_storeu_ps(t, gelu8(_mm256_loadu_ps(t)));
+    if (valid == 8) { _mm256_storeu_ps(yr + col, _mm256_loadu_ps(t)); return; }
+    for (int64_t j = 0; j < valid; j++) yr[col + j] = t[j];
+}
+
+/* AVX2 tile: `mr` rows of x times `g` consecutive panels (or, with nh = 2, the half `h0` of one panel),
+   8 outputs a vector: mr * g * nh accumulators (at most 12 of the 16 registers). */
+X86 static INLINE void tile256(const float *x, int64_t k, const uint16_t *w, int64_t gs, const int mr,
+                               const int g, const int h0, const int nh, const int fmt, const float *b,
+                               float *y, int64_t n, int64_t col0, int act) {
+    __m256 acc[6][2][4];
+#pragma GCC unroll 6
+    for (int r = 0; r < mr; r++)
+#pragma GCC unroll 2
+        for (int gg = 0; gg < g; gg++)
+#pragma GCC unroll 4
+            for (int h = 0; h < nh; h++) acc[r][gg][h] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < k; i++) {
+        int64_t e = i * PANEL;
+#pragma GCC unroll 2
+        for (int gg = 0; gg < g; gg++) {
+            _mm_prefetch(AT(w, e + gg * gs, fmt) + 2 * PREFETCH, _MM_HINT_T0);
+#pragma GCC unroll 4
+            for (int h = 0; h < nh; h++) {
+                __m256 wv = load8(w, e + gg * gs + (h0 + h) * 8, fmt);
+#pragma GCC unroll 6
+                for (int r = 0; r < mr; r++)
+                    acc[r][gg][h] = _mm256_fmadd_ps(wv, _mm256_set1_ps(x[i * mr + r]), acc[r][gg][h]);
             }
-            float out[8];
-            for (int r = 0; r < 8; r++) out[r] = hsum(acc[r]) + (b && jb * 8 + r < n ? b[jb * 8 + r] : 0.0f);
-            if (act) _mm256_storeu_ps(out, gelu8(_mm256_loadu_ps(out)));
-            for (int r = 0; r < 8 && jb * 8 + r < n; r++) y[m * n + jb * 8 + r] = out[r];
         }
+    }
+    for (int r = 0; r < mr; r++)
+        for (int gg = 0; gg < g; gg++)
+            for (int h = 0; h < nh; h++)
+                finish8(acc[r][gg][h], b, y + r * n, col0 + gg * PANEL + (h0 + h) * 8, n, act);
+}
+
+#define ARGS256 const float *x, int64_t k, const uint16_t *w, int64_t gs, const float *b, float *y, int64_t n, \
+                int64_t col0, int act
+#define PASS256 x, k, w, gs
+#define T256(MR, G, H0, NH) \
+    X86 static void t256_##MR##_##G##_##H0##_##NH(ARGS256, int fmt) { \
+        if (fmt == FMT_F16) tile256(PASS256, MR, G, H0, NH, FMT_F16, b, y, n, col0, act); \
+        else if (fmt == FMT_BF16) tile256(PASS256, MR, G, H0, NH, FMT_BF16, b, y, n, col0, act); \
+        else tile256(PASS256, MR, G, H0, NH, FMT_I8, b, y, n, col0, act); }
+T256(1, 1, 0, 4) T256(1, 2, 0, 4) T256(2, 1, 0, 4)
+T256(1, 1, 0, 2) T256(2, 1, 0, 2) T256(3, 1, 0, 2) T256(4, 1, 0, 2) T256(5, 1, 0, 2) T256(6, 1, 0, 2)
+T256(1, 1, 2, 2) T256(2, 1, 2, 2) T256(3, 1, 2, 2) T256(4, 1, 2, 2) T256(5, 1, 2, 2) T256(6, 1, 2, 2)
+
+typedef void (*tile256_fn)(ARGS256, int fmt);
+static const tile256_fn HALF256[2][7] = {
+    {NULL, t256_1_1_0_2, t256_2_1_0_2, t256_3_1_0_2, t256_4_1_0_2, t256_5_1_0_2, t256_6_1_0_2},
+    {NULL, t256_1_1_2_2, t256_2_1_2_2, t256_3_1_2_2, t256_4_1_2_2, t256_5_1_2_2, t256_6_1_2_2}};
+
+/* Panels p0 .. p1 - 1 for every row of x [m, k], AVX2: one row takes two panels at a time (8 chains);
+   two rows one whole panel; more, tiles of up to 6 rows over half a panel (the classic 6 x 16 tile). */
+X86 static void panels_avx2(const float *x, int64_t m, int64_t k, const uint16_t *w, int64_t p0, int64_t p1,
+                            const float *b, float *y, int64_t n, int fmt, int act, const int64_t *sizes,
+                            int64_t tiles) {
+    int64_t gs = panel_elems(k, fmt);
+    for (int64_t p = p0; p < p1;) {
+        const uint16_t *wp = PAN(w, p * gs, fmt);
+        if (m == 1 && p + 1 < p1) { t256_1_2_0_4(x, k, wp, gs, b, y, n, p * PANEL, act, fmt); p += 2; continue; }
+        if (m == 1) { t256_1_1_0_4(x, k, wp, gs, b, y, n, p * PANEL, act, fmt); p++; continue; }
+        if (m == 2) { t256_2_1_0_4(x, k, wp, gs, b, y, n, p * PANEL, act, fmt); p++; continue; }
+        for (int half = 0; half < 2; half++)
+            for (int64_t t = 0, r0 = 0; t < tiles; r0 += sizes[t], t++)
+                HALF256[half][sizes[t]](x + r0 * k, k, wp, gs, b, y + r0 * n, n, p * PANEL, act, fmt);
+        p++;
     }
 }
 
-/* Columns 0 .. k - k % 8 - 1 of one row of the blocked weights, widened; returns how many were done. */
-X86 static int64_t unpack_row_x86(const uint16_t *blk, int64_t k, float *row, int fmt) {
-    int64_t i = 0;
-    for (; i + 8 <= k; i += 8) _mm256_storeu_ps(row + i, load8(blk + i * 8, fmt));
-    return i;
+/* ----------------------------------------------------------------------------------------- AVX-512 */
+
+X512 static INLINE __m512 load16(const uint16_t *w, int64_t e, int fmt) {
+    if (fmt == FMT_I8) return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)AT(w, e, fmt))));
+    __m256i h = _mm256_loadu_si256((const __m256i *)(w + e));
+    if (fmt == FMT_F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-static int cpu_has_x86(void) {
+/* AVX-512 tile: `mr` rows of x times `g` consecutive panels, 16 outputs a vector: mr * g * 2
+   accumulators (at most 24 of the 32 registers). The end goes through finish8, as on the AVX2 path. */
+X512 static INLINE void tile512(const float *x, int64_t k, const uint16_t *w, int64_t gs, const int mr,
+                                const int g, const int fmt, const float *b, float *y, int64_t n, int64_t col0,
+                                int act) {
+    __m512 acc[MR_MAX][4][2];
+#pragma GCC unroll 12
+    for (int r = 0; r < mr; r++)
+#pragma GCC unroll 4
+        for (int gg = 0; gg < g; gg++) acc[r][gg][0] = acc[r][gg][1] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < k; i++) {
+        int64_t e = i * PANEL;
+#pragma GCC unroll 4
+        for (int gg = 0; gg < g; gg++) {
+            _mm_prefetch(AT(w, e + gg * gs, fmt) + 2 * PREFETCH, _MM_HINT_T0);
+            __m512 w0 = load16(w, e + gg * gs, fmt), w1 = load16(w, e + gg * gs + 16, fmt);
+#pragma GCC unroll 12
+            for (int r = 0; r < mr; r++) {
+                __m512 xv = _mm512_set1_ps(x[i * mr + r]);
+                acc[r][gg][0] = _mm512_fmadd_ps(w0, xv, acc[r][gg][0]);
+                acc[r][gg][1] = _mm512_fmadd_ps(w1, xv, acc[r][gg][1]);
+            }
+        }
+    }
+    for (int r = 0; r < mr; r++)
+        for (int gg = 0; gg < g; gg++)
+            for (int h = 0; h < 2; h++) {
+                int64_t col = col0 + gg * PANEL + h * 16;
+                finish8(_mm512_castps512_ps256(acc[r][gg][h]), b, y + r * n, col, n, act);
+                finish8(_mm512_extractf32x8_ps(acc[r][gg][h], 1), b, y + r * n, col + 8, n, act);
+            }
+}
+
+#define T512(MR, G) \
+    X512 static void t512_##MR##_##G(ARGS256, int fmt) { \
+        if (fmt == FMT_F16) tile512(PASS256, MR, G, FMT_F16, b, y, n, col0, act); \
+        else if (fmt == FMT_BF16) tile512(PASS256, MR, G, FMT_BF16, b, y, n, col0, act); \
+        else tile512(PASS256, MR, G, FMT_I8, b, y, n, col0, act); }
+T512(1, 1) T512(1, 2) T512(1, 3) T512(1, 4) T512(2, 1) T512(2, 2) T512(3, 1) T512(3, 2)
+T512(4, 1) T512(5, 1) T512(6, 1) T512(7, 1) T512(8, 1) T512(9, 1) T512(10, 1) T512(11, 1) T512(12, 1)
+
+static const tile256_fn ROWS512[MR_MAX + 1] = {NULL, t512_1_1, t512_2_1, t512_3_1, t512_4_1, t512_5_1,
+    t512_6_1, t512_7_1, t512_8_1, t512_9_1, t512_10_1, t512_11_1, t512_12_1};
+static const tile256_fn WIDE512[4][5] = {{NULL}, {NULL, t512_1_1, t512_1_2, t512_1_3, t512_1_4},
+                                         {NULL, t512_2_1, t512_2_2}, {NULL, t512_3_1, t512_3_2}};
+
+/* AVX-512 tile over half a panel (16 outputs, h0 = 0 or 1) for `mr` rows, up to MR_HALF: one widening
+   per input serves mr FMAs (24 rows: 24 FMAs per conversion, against 12 on a whole panel). */
+#define MR_HALF 24
+X512 static INLINE void tile512h(const float *x, int64_t k, const uint16_t *w, const int mr, const int h0,
+                                 const int fmt, const float *b, float *y, int64_t n, int64_t col0, int act) {
+    __m512 acc[MR_HALF];
+#pragma GCC unroll 24
+    for (int r = 0; r < mr; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < k; i++) {
+        int64_t e = i * PANEL + h0 * 16;
+        if (h0 == 0) _mm_prefetch(AT(w, e, fmt) + 2 * PREFETCH, _MM_HINT_T0);
+        __m512 wv = load16(w, e, fmt);
+#pragma GCC unroll 24
+        for (int r = 0; r < mr; r++) acc[r] = _mm512_fmadd_ps(wv, _mm512_set1_ps(x[i * mr + r]), acc[r]);
+    }
+    int64_t col = col0 + h0 * 16;
+    for (int r = 0; r < mr; r++) {
+        finish8(_mm512_castps512_ps256(acc[r]), b, y + r * n, col, n, act);
+        finish8(_mm512_extractf32x8_ps(acc[r], 1), b, y + r * n, col + 8, n, act);
+    }
+}
+
+#define T512H(MR) \
+    X512 static void t512h_##MR(ARGS256, int fmt) { (void)gs; \
+        if (fmt == FMT_F16) { tile512h(x, k, w, MR, 0, FMT_F16, b, y, n, col0, act); \
+                              tile512h(x, k, w, MR, 1, FMT_F16, b, y, n, col0, act); } \
+        else if (fmt == FMT_BF16) { tile512h(x, k, w, MR, 0, FMT_BF16, b, y, n, col0, act); \
+                                    tile512h(x, k, w, MR, 1, FMT_BF16, b, y, n, col0, act); } \
+        else { tile512h(x, k, w, MR, 0, FMT_I8, b, y, n, col0, act); \
+               tile512h(x, k, w, MR, 1, FMT_I8, b, y, n, col0, act); } }
+T512H(13) T512H(14) T512H(15) T512H(16) T512H(17) T512H(18) T512H(19) T512H(20) T512H(21) T512H(22)
+T512H(23) T512H(24)
+static const tile256_fn HALF512[MR_HALF + 1] = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+    NULL, NULL, NULL, t512h_13, t512h_14, t512h_15, t512h_16, t512h_17, t512h_18, t512h_19, t512h_20,
+    t512h_21, t512h_22, t512h_23, t512h_24};
+
+/* Panels p0 .. p1 - 1 for every row of x [m, k], AVX-512: one row takes four panels at a time (8 FMA
+   chains, 4 streams), two or three rows two panels; up to MR_MAX rows one whole panel; more, tiles of
+   13 to MR_HALF rows (balanced) over each half of a panel. */
+X512 static void panels_avx512(const float *x, int64_t m, int64_t k, const uint16_t *w, int64_t p0,
+                               int64_t p1, const float *b, float *y, int64_t n, int fmt, int act,
+                               const int64_t *sizes, int64_t tiles) {
+    int64_t gs = panel_elems(k, fmt);
+    if (m <= 3) {
+        int64_t most = m == 1 ? 4 : 2;
+        for (int64_t p = p0; p < p1;) {
+            int64_t g = min64(most, p1 - p);
+            WIDE512[m][g](x, k, PAN(w, p * gs, fmt), gs, b, y, n, p * PANEL, act, fmt);
+            p += g;
+        }
+        return;
+    }
+    for (int64_t p = p0; p < p1; p++)
+        for (int64_t t = 0, r0 = 0; t < tiles; r0 += sizes[t], t++) {
+            const tile256_fn f = sizes[t] <= MR_MAX ? ROWS512[sizes[t]] : HALF512[sizes[t]];
+            f(x + r0 * k, k, PAN(w, p * gs, fmt), gs, b, y + r0 * n, n, p * PANEL, act, fmt);
+        }
+}
+
+/* The 32 weights of one input of a panel, widened. */
+X86 static void widen32_x86(const uint16_t *src, float *out, int fmt) {
+    for (int j = 0; j < PANEL; j += 8) _mm256_storeu_ps(out + j, load8(src, j, fmt));
+}
+
+/* The end of an int8 product, for outputs j0 .. j1 - 1 of `rows` rows of y: times the scales, + bias,
+   then gelu_new with act (the tiles ran without bias or act). As finish8, lane for lane. */
+X86 static void finish_i8_x86(const uint16_t *w, int64_t k, float *y, int64_t rows, int64_t n, int64_t j0,
+                              int64_t j1, const float *b, int act) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = j0; j < j1; j += 8) {
+            float t[8];
+            int64_t valid = min64(8, j1 - j);
+            for (int64_t c = 0; c < valid; c++)
+                t[c] = y[r * n + j + c] * scales_of(w, (j + c) / PANEL, k)[(j + c) % PANEL] + (b ? b[j + c] : 0.0f);
+            for (int64_t c = valid; c < 8; c++) t[c] = 0.0f;
+            if (act) _mm256_storeu_ps(t, gelu8(_mm256_loadu_ps(t)));
+            for (int64_t c = 0; c < valid; c++) y[r * n + j + c] = t[c];
+        }
+}
+
+static int cpu_has_avx2(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
+
+static int cpu_has_avx512(void) {
+    __builtin_cpu_init();
+    return cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
+           && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
 }
 #else
 #define HAVE_X86 0
@@ -182,29 +417,28 @@ static int cpu_has_x86(void) {
 
 /* ------------------------------------------------------------------------------------ entry points */
 
+static int detected_path(void) {
 #if HAVE_X86
-static int use_x86 = -1;
-#endif
-
-/* Which code path runs here: 1 = AVX2 + FMA + F16C, 0 = portable C. */
-static int simd_path(void) {
-#if HAVE_X86
-    if (use_x86 < 0) use_x86 = cpu_has_x86();
-    return use_x86;
+    return cpu_has_avx512() ? PATH_AVX512 : cpu_has_avx2() ? PATH_AVX2 : PATH_PORTABLE;
 #else
-    return 0;
+    return PATH_PORTABLE;
 #endif
 }
 
-/* With `portable` 1, every later call takes the portable C path even where the CPU has AVX2 (the tests
-   run it so on x86 machines; it is what ARM and older CPUs run); 0 goes back to the detected path.
+static int path = -1;
+
+/* Which code path runs here: PATH_AVX512 (2), PATH_AVX2 (1) or PATH_PORTABLE (0). */
+static int simd_path(void) {
+    if (path < 0) path = detected_path();
+    return path;
+}
+
+/* Every later call takes at most path `limit` (the tests run each path so on an AVX-512 machine; the
+   portable one is what ARM and older CPUs run); a limit above what the CPU has gives the detected path.
    Returns simd_path() after the change. */
-static int force_portable(int portable) {
-#if HAVE_X86
-    use_x86 = portable ? 0 : cpu_has_x86();
-#else
-    (void)portable;
-#endif
+static int limit_path(int limit) {
+    int found = detected_path();
+    path = limit < found ? (limit < 0 ? 0 : limit) : found;
     return simd_path();
 }
 
@@ -217,47 +451,111 @@ static int max_threads(void) {
 #endif
 }
 
-/* y = x @ w.T + b, see the top of the file: x is [M, kp] (kp = K padded to a multiple of 8, the padding
-   zero), w the blocked weights of N rows (N padded to np8), y [M, N]; with `act` 1, y = gelu_new(x @ w.T
-   + b) (the MLP's first product). The 8-row blocks are split among `threads` threads. Returns 0. */
-static int matmul_blocks(const float *x, int64_t m_rows, int64_t kp, const uint16_t *w, int64_t n,
-                        const float *b, float *y, int fmt, int threads, int act) {
-    int64_t blocks = (n + 7) / 8, per = 8;  /* 64 output rows per task */
-    int64_t tasks = (blocks + per - 1) / per;
+/* How a SIMD path splits m rows into register tiles: the sizes, in order; returns how many. The rows of
+   each tile are packed input-major (see pack_rows), so that a tile reads x[i * mr + r]: one pointer for
+   all its rows, where a pointer per row ran out of registers at 16 rows. */
+static int64_t tile_plan(int simd, int64_t m, int64_t *sizes) {
+    int64_t most = simd == PATH_AVX512 ? (m <= MR_MAX ? MR_MAX : MR_HALF) : (m <= 2 ? 2 : 6);
+    int64_t tiles = (m + most - 1) / most;
+    if (simd == PATH_AVX512 && m > MR_MAX && m / tiles < MR_MAX + 1) tiles = m / (MR_MAX + 1);
+    for (int64_t t = 0; t < tiles; t++) sizes[t] = m / tiles + (t < m % tiles);
+    return tiles;
+}
+
+/* x [m, k] → xp, tile by tile (as tile_plan splits m): tile t's rows r0 .. r0 + mr - 1 at xp + r0 * k,
+   input-major (element (i, r) at i * mr + r). */
+static void pack_rows(const float *x, int64_t m, int64_t k, const int64_t *sizes, int64_t tiles, float *xp) {
+    for (int64_t t = 0, r0 = 0; t < tiles; r0 += sizes[t], t++)
+        for (int64_t r = 0; r < sizes[t]; r++)
+            for (int64_t i = 0; i < k; i++) xp[r0 * k + i * sizes[t] + r] = x[(r0 + r) * k + i];
+}
+
+/* The end of an int8 product (see finish_i8_x86), on path `simd`. */
+static void finish_i8(int simd, const uint16_t *w, int64_t k, float *y, int64_t rows, int64_t n, int64_t j0,
+                      int64_t j1, const float *b, int act) {
+#if HAVE_X86
+    if (simd) { finish_i8_x86(w, k, y, rows, n, j0, j1, b, act); return; }
+#endif
+    (void)simd;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = j0; j < j1; j++) {
+            float v = y[r * n + j] * scales_of(w, j / PANEL, k)[j % PANEL] + (b ? b[j] : 0.0f);
+            y[r * n + j] = act ? gelu_new(v) : v;
+        }
+}
+
+/* Panels p0 .. p1 - 1 of y [m, n] for rows x [m, k] (m <= MC), on path `simd`. */
+static void panels(int simd, const float *x, int64_t m, int64_t k, const uint16_t *w, int64_t p0, int64_t p1,
+                   const float *b, float *y, int64_t n, int fmt, int act, const int64_t *sizes, int64_t tiles) {
+#if HAVE_X86
+    if (simd == PATH_AVX512) { panels_avx512(x, m, k, w, p0, p1, b, y, n, fmt, act, sizes, tiles); return; }
+    if (simd == PATH_AVX2) { panels_avx2(x, m, k, w, p0, p1, b, y, n, fmt, act, sizes, tiles); return; }
+#endif
+    (void)sizes; (void)tiles;
+    (void)simd;
+    panels_portable(x, m, k, w, p0, p1, b, y, n, fmt, act);
+}
+
+/* y = x @ w.T + b, see the top of the file: x is [m, k], w the panels of n outputs, y [m, n]; with `act`
+   1, y = gelu_new(x @ w.T + b) (the MLP's first product). MC rows at a time, each chunk's panels split
+   among `threads` threads in tasks of TASK panels. Returns 0. */
+static int product(const float *x, int64_t m, int64_t k, const uint16_t *w, int64_t n, const float *b, float *y,
+                   int fmt, int threads, int act) {
+    int64_t count = (n + PANEL - 1) / PANEL, tasks = (count + TASK - 1) / TASK, sizes[MC];
+    int simd = simd_path();
+    float *xp = NULL;
+    if (simd != PATH_PORTABLE && m > 1) {
+        xp = malloc(sizeof(float) * (size_t)(min64(m, MC) * k));
+        if (!xp) return -1;
+    }
+    (void)threads;
+    for (int64_t m0 = 0; m0 < m; m0 += MC) {
+        int64_t mc = min64(MC, m - m0), tiles = tile_plan(simd, mc, sizes);
+        const float *xs = x + m0 * k;
+        if (xp) { pack_rows(xs, mc, k, sizes, tiles, xp); xs = xp; }
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1) if (threads > 1 && tasks > 1)
+#endif
+        for (int64_t t = 0; t < tasks; t++) {
+            int64_t p0 = t * TASK, p1 = min64(count, (t + 1) * TASK);
+            if (fmt != FMT_I8) { panels(simd, xs, mc, k, w, p0, p1, b, y + m0 * n, n, fmt, act, sizes, tiles); continue; }
+            panels(simd, xs, mc, k, w, p0, p1, NULL, y + m0 * n, n, fmt, 0, sizes, tiles);
+            finish_i8(simd, w, k, y + m0 * n, mc, n, p0 * PANEL, min64(n, p1 * PANEL), b, act);
+        }
+    }
+    free(xp);
+    return 0;
+}
+
+/* The float32 rows j0 .. j1 - 1 of the panels as a plain [j1 - j0, k] array: the embedding's gather and
+   the host copy of a weight. */
+static void unpack_rows(const uint16_t *w, int64_t k, int64_t j0, int64_t j1, float *dst, int fmt) {
+    for (int64_t j = j0; j < j1; j++) {
+        int64_t e = (j / PANEL) * panel_elems(k, fmt) + j % PANEL;
+        float *row = dst + (j - j0) * k, s = fmt == FMT_I8 ? scales_of(w, j / PANEL, k)[j % PANEL] : 1.0f;
+        for (int64_t i = 0; i < k; i++) row[i] = widen_at(w, e + i * PANEL, fmt) * s;
+    }
+}
+
+/* Panels p0 .. p1 - 1 as float32 [k, (p1 - p0) * PANEL] (row-major: x @ it is the product of those
+   outputs), for BLAS. Split among `threads` threads by rows of k. */
+static void unpack_t(const uint16_t *w, int64_t k, int64_t p0, int64_t p1, float *dst, int fmt, int threads) {
+    int64_t cols = (p1 - p0) * PANEL;
     int simd = simd_path();
     (void)threads; (void)simd;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1) if (threads > 1)
 #endif
-    for (int64_t t = 0; t < tasks; t++) {
-        int64_t jb0 = t * per, jb1 = jb0 + per < blocks ? jb0 + per : blocks;
+    for (int64_t i = 0; i < k; i++)
+        for (int64_t p = p0; p < p1; p++) {
+            int64_t e = p * panel_elems(k, fmt) + i * PANEL;
+            float *out = dst + i * cols + (p - p0) * PANEL;
 #if HAVE_X86
-        if (simd) { blocks_x86(x, m_rows, kp, w, jb0, jb1, b, y, n, fmt, act); continue; }
+            if (simd && fmt != FMT_I8) { widen32_x86(w + e, out, fmt); continue; }
 #endif
-        blocks_portable(x, m_rows, kp, w, jb0, jb1, b, y, n, fmt, act);
-    }
-    return 0;
-}
-
-/* The float32 rows j0 .. j1 - 1 of the blocked weights, as a plain [j1 - j0, k]
-   array (k <= kp: the padding columns are left out). For products of many rows, which BLAS does faster
-   on float32 weights than any kernel here. Split among `threads` threads. Returns 0. */
-static int unpack_rows(const uint16_t *w, int64_t kp, int64_t j0, int64_t j1, int64_t k, float *dst,
-                        int fmt, int threads) {
-    (void)threads;
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1) if (threads > 1)
-#endif
-    for (int64_t j = j0; j < j1; j++) {
-        const uint16_t *blk = w + (j / 8) * 8 * kp + (j % 8) * 8;
-        float *row = dst + (j - j0) * k;
-        int64_t i = 0;
-#if HAVE_X86
-        if (simd_path()) i = unpack_row_x86(blk, k, row, fmt);
-#endif
-        for (; i < k; i++) row[i] = widen(blk[(i / 8) * 64 + i % 8], fmt);
-    }
-    return 0;
+            for (int j = 0; j < PANEL; j++)
+                out[j] = widen_at(w, e + j, fmt) * (fmt == FMT_I8 ? scales_of(w, p, k)[j] : 1.0f);
+        }
 }
 
 /* ----------------------------------------------------- the small kernels of a decode step, in C
@@ -391,6 +689,152 @@ static void attend_all(int64_t b, int64_t h, int64_t t, int64_t d, const float *
     free(heap);
 }
 
+#if HAVE_X86
+/* e^x, 16 at a time: exp8's Cephes expf lane for lane. */
+X512 static inline __m512 exp16(__m512 x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+    __m512 fx = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
+                                     _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
+    x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), x);
+    __m512 y = _mm512_set1_ps(1.9875691500E-4f);
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507E-3f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073E-3f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894E-2f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459E-1f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201E-1f));
+    y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
+    __m512i n = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(fx), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(y, _mm512_castsi512_ps(n));
+}
+
+/* Queries in tiles of QT for the blocked attention of a long prompt. */
+#define QT 12
+
+/* QT queries (rows of a prompt, the first `mr` real, packed input-major in qp [d][QT]) of one head over
+   its keys: kt the keys transposed [d][lk] (zero past the last), v [keys][d]. Row r attends keys
+   0 .. first + r - 1. Scores by 16 keys at a time (an outer product over d, as the weight tiles), an
+   exact softmax per row, then P @ V by 32 columns of d. s: [QT][lk], pt: [lk][QT] scratch. Out row r at
+   out + r * o_stride. d: a multiple of 16. */
+X512 static void attend_tile512(const float *qp, const float *kt, int64_t lk, const float *v, int64_t d,
+                                int64_t first, int mr, float scale, float *s, float *pt, float *out,
+                                int64_t o_stride) {
+    int64_t keys = first + mr - 1;
+    __m512 vscale = _mm512_set1_ps(scale);
+    for (int64_t j0 = 0; j0 < keys; j0 += 16) {
+        __m512 acc[QT];
+#pragma GCC unroll 12
+        for (int r = 0; r < QT; r++) acc[r] = _mm512_setzero_ps();
+        for (int64_t c = 0; c < d; c++) {
+            __m512 kv = _mm512_loadu_ps(kt + c * lk + j0);
+#pragma GCC unroll 12
+            for (int r = 0; r < QT; r++) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(qp[c * QT + r]), kv, acc[r]);
+        }
+        for (int r = 0; r < mr; r++) _mm512_storeu_ps(s + r * lk + j0, _mm512_mul_ps(acc[r], vscale));
+    }
+    float inv[QT];
+    for (int r = 0; r < QT; r++) {
+        inv[r] = 0.0f;
+        int64_t n = r < mr ? first + r : 0;
+        float *sr = s + r * lk;
+        __m512 vm = _mm512_set1_ps(-INFINITY);
+        int64_t j = 0;
+        for (; j + 16 <= n; j += 16) vm = _mm512_max_ps(vm, _mm512_loadu_ps(sr + j));
+        float m = _mm512_reduce_max_ps(vm);
+        for (; j < n; j++) m = sr[j] > m ? sr[j] : m;
+        __m512 vs = _mm512_setzero_ps();
+        vm = _mm512_set1_ps(m);
+        for (j = 0; j + 16 <= n; j += 16) {
+            __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(sr + j), vm));
+            _mm512_storeu_ps(sr + j, e);
+            vs = _mm512_add_ps(vs, e);
+        }
+        float sum = _mm512_reduce_add_ps(vs);
+        for (; j < n; j++) { sr[j] = expf(sr[j] - m); sum += sr[j]; }
+        for (j = 0; j < n; j++) pt[j * QT + r] = sr[j];
+        for (; j < keys; j++) pt[j * QT + r] = 0.0f;
+        if (n) inv[r] = 1.0f / sum;
+    }
+    for (int64_t c0 = 0; c0 < d; c0 += 32) {
+        int two = c0 + 32 <= d;
+        __m512 acc[QT][2];
+#pragma GCC unroll 12
+        for (int r = 0; r < QT; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+        for (int64_t j = 0; j < keys; j++) {
+            __m512 v0 = _mm512_loadu_ps(v + j * d + c0), v1 = two ? _mm512_loadu_ps(v + j * d + c0 + 16) : v0;
+#pragma GCC unroll 12
+            for (int r = 0; r < QT; r++) {
+                __m512 p = _mm512_set1_ps(pt[j * QT + r]);
+                acc[r][0] = _mm512_fmadd_ps(p, v0, acc[r][0]);
+                acc[r][1] = _mm512_fmadd_ps(p, v1, acc[r][1]);
+            }
+        }
+        for (int r = 0; r < mr; r++) {
+            __m512 f = _mm512_set1_ps(inv[r]);
+            _mm512_storeu_ps(out + r * o_stride + c0, _mm512_mul_ps(acc[r][0], f));
+            if (two) _mm512_storeu_ps(out + r * o_stride + c0 + 16, _mm512_mul_ps(acc[r][1], f));
+        }
+    }
+}
+#endif
+
+/* Causal attention of a long prompt (AVX-512, d a multiple of 16): as attend_all's arguments, in tiles of
+   QT queries of one head, each tile a few register-blocked products instead of QT dot-product loops.
+   Returns 0, or -1 out of memory (then nothing is computed). */
+static int attend_blocked(int64_t b, int64_t h, int64_t t, int64_t d, const float *q, int64_t q_s, int64_t q_h,
+                          int64_t q_t, const float *k, const float *v, int64_t l, int64_t offset, float *out,
+                          int64_t o_s, int64_t o_h, int64_t o_t, int threads) {
+#if HAVE_X86
+    int64_t keys = offset + t, lk = (keys + 15) / 16 * 16, tiles = (t + QT - 1) / QT;
+    float *kt = calloc((size_t)(b * h * d * lk), sizeof(float));
+    if (!kt) return -1;
+    float scale = 1.0f / sqrtf((float)d);
+    int failed = 0;
+    (void)threads;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(threads > 0 ? threads : 1) if (threads > 1)
+#endif
+    {
+        float *scratch = malloc(sizeof(float) * (size_t)(2 * QT * lk + d * QT));
+        if (!scratch) failed = 1;
+#ifdef _OPENMP
+#pragma omp for schedule(static)
+#endif
+        for (int64_t bh = 0; bh < b * h; bh++) {
+            const float *kh = k + bh * l * d;
+            float *dst = kt + bh * d * lk;
+            for (int64_t j = 0; j < keys; j++)
+                for (int64_t c = 0; c < d; c++) dst[c * lk + j] = kh[j * d + c];
+        }
+#ifdef _OPENMP
+#pragma omp for schedule(dynamic, 1)
+#endif
+        for (int64_t item = 0; item < b * h * tiles; item++) {
+            if (!scratch) continue;
+            int64_t bh = item / tiles, tile = tiles - 1 - item % tiles, seq = bh / h, head = bh % h;
+            int64_t i0 = tile * QT;
+            int mr = (int)(t - i0 < QT ? t - i0 : QT);
+            float *s = scratch, *pt = scratch + QT * lk, *qp = pt + QT * lk;
+            for (int64_t c = 0; c < d; c++)
+                for (int r = 0; r < QT; r++)
+                    qp[c * QT + r] = r < mr ? q[seq * q_s + head * q_h + (i0 + r) * q_t + c] : 0.0f;
+            attend_tile512(qp, kt + bh * d * lk, lk, v + bh * l * d, d, offset + i0 + 1, mr, scale, s, pt,
+                           out + seq * o_s + head * o_h + i0 * o_t, o_t);
+        }
+        free(scratch);
+    }
+    free(kt);
+    return failed ? -1 : 0;
+#else
+    (void)b; (void)h; (void)t; (void)d; (void)q; (void)q_s; (void)q_h; (void)q_t; (void)k; (void)v; (void)l;
+    (void)offset; (void)out; (void)o_s; (void)o_h; (void)o_t; (void)threads;
+    return -1;
+#endif
+}
+
+/* Prompts of more queries than this attend in tiles (attend_blocked) on the AVX-512 path. */
+#define BLOCKED_QUERIES 64
+
 /* The attention of a decode step from the fused projection: qkv [b, t, 3, h, d] (the c_attn product of b
    sequences of t new tokens, bias added) → the keys and values written into the caches k, v [b, h, l, d]
    at positions offset .. offset + t - 1, and the attention of the queries into out [b, t, h, d] (the
@@ -407,7 +851,62 @@ static int qkv_attention(const float *qkv, int64_t b, int64_t t, int64_t h, int6
                 memcpy(k + at, row + c, sizeof(float) * (size_t)d);
                 memcpy(v + at, row + 2 * c, sizeof(float) * (size_t)d);
             }
+    if (t > BLOCKED_QUERIES && d % 16 == 0 && simd_path() == PATH_AVX512
+        && !attend_blocked(b, h, t, d, qkv, t * 3 * c, d, 3 * c, k, v, l, offset, out, t * c, d, c, threads))
+        return 0;
     attend_all(b, h, t, d, qkv, t * 3 * c, d, 3 * c, k, v, l, offset, out, t * c, d, c, threads);
+    return 0;
+}
+
+/* The attention of a ragged step from the fused projection: qkv [n, 3, h, d] holds the tokens of R rows
+   one after another (row r: `len[r]` tokens from `start[r]`, at positions off[r] .. of its own caches
+   k[r], v[r], each [h, l[r], d]). Writes every row's new keys and values into its caches, then attends
+   all (token, head) pairs in one parallel loop, into out [n, h, d]. Returns 0, or -1 out of memory. */
+static int ragged_attention(const float *qkv, int64_t n, int64_t h, int64_t d, int64_t rows, const int64_t *start,
+                            const int64_t *len, const int64_t *off, float *const *k, float *const *v,
+                            const int64_t *l, float *out, int threads) {
+    int64_t c = h * d;
+    int64_t *row_of = malloc(sizeof(int64_t) * (size_t)(n > 0 ? n : 1));
+    if (!row_of) return -1;
+    int64_t most = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t i = 0; i < len[r]; i++) {
+            int64_t tok = start[r] + i;
+            row_of[tok] = r;
+            for (int64_t head = 0; head < h; head++) {
+                const float *src = qkv + tok * 3 * c + head * d;
+                int64_t at = (head * l[r] + off[r] + i) * d;
+                memcpy(k[r] + at, src + c, sizeof(float) * (size_t)d);
+                memcpy(v[r] + at, src + 2 * c, sizeof(float) * (size_t)d);
+            }
+        }
+        if (off[r] + len[r] > most) most = off[r] + len[r];
+    }
+    float scale = 1.0f / sqrtf((float)d);
+    int simd = HAVE_X86 && d % 8 == 0 && simd_path();
+    (void)threads; (void)simd;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 4) num_threads(threads > 0 ? threads : 1) if (threads > 1 && n * h * most >= 512)
+#endif
+    for (int64_t item = 0; item < n * h; item++) {
+        int64_t tok = item / h, head = item % h, r = row_of[tok];
+        int64_t keys = off[r] + (tok - start[r]) + 1;
+        const float *qi = qkv + tok * 3 * c + head * d;
+        const float *kh = k[r] + head * l[r] * d, *vh = v[r] + head * l[r] * d;
+        float *o = out + tok * c + head * d;
+#if HAVE_X86
+        if (simd) {
+            float buf[STACK_KEYS], *s = keys <= STACK_KEYS ? buf : malloc(sizeof(float) * (size_t)keys);
+            if (s) {
+                attend_x86(qi, kh, vh, keys, d, scale, s, o);
+                if (s != buf) free(s);
+                continue;
+            }
+        }
+#endif
+        attend_portable(qi, kh, vh, keys, d, scale, o);
+    }
+    free(row_of);
     return 0;
 }
 
@@ -439,19 +938,21 @@ static Py_buffer *take(Held *h, PyObject *o, char code, int ndim, int writable) 
     h->n++;
     const char *f = v->format ? v->format : "B";
     if (f[0] == '@' || f[0] == '=') f++;
-    if (f[0] != code || f[1] != '\0' || v->itemsize != (code == 'f' ? 4 : 2)) return NULL;
+    /* 'q': int64, which NumPy spells 'l' on LP64 platforms and 'q' elsewhere. */
+    int ok = code == 'q' ? (f[0] == 'q' || f[0] == 'l') && v->itemsize == 8
+                         : f[0] == code && v->itemsize == (code == 'f' ? 4 : code == 'b' ? 1 : 2);
+    if (!ok || f[1] != '\0') return NULL;
     if (ndim >= 0 ? v->ndim != ndim : v->ndim < 1) return NULL;
     return v;
 }
 
-/* Blocked 16-bit weights of n output rows over k inputs (see the top of the file): a uint16 array
-   [ceil(n/8), ceil(k/8), 8, 8]. Its padded width kp is set. NULL if it is not that. */
-static Py_buffer *take_weight(Held *h, PyObject *o, int64_t n, int64_t k, int64_t *kp) {
-    Py_buffer *v = take(h, o, 'H', 4, 0);
-    if (!v || n < 1 || k < 1 || v->shape[0] != (n + 7) / 8 || v->shape[1] != (k + 7) / 8 || v->shape[2] != 8
-        || v->shape[3] != 8)
+/* 16-bit weights of n outputs over k inputs in panels (see the top of the file): a uint16 array
+   [ceil(n / PANEL), k, PANEL]. NULL if it is not that. */
+static Py_buffer *take_weight(Held *h, PyObject *o, int64_t n, int64_t k, int64_t fmt) {
+    Py_buffer *v = take(h, o, fmt == FMT_I8 ? 'b' : 'H', 3, 0);
+    if (!v || n < 1 || k < 1 || v->shape[0] != (n + PANEL - 1) / PANEL || v->shape[2] != PANEL
+        || v->shape[1] != panel_elems(k, (int)fmt) / PANEL)
         return NULL;
-    *kp = v->shape[1] * 8;
     return v;
 }
 
@@ -474,7 +975,7 @@ static int same_shape(const Py_buffer *a, const Py_buffer *b) {
 }
 
 /* A weight format code this file knows. */
-static int known_format(int64_t fmt) { return fmt == FMT_F16 || fmt == FMT_BF16; }
+static int known_format(int64_t fmt) { return fmt == FMT_F16 || fmt == FMT_BF16 || fmt == FMT_I8; }
 
 static int as_int64(PyObject *o, int64_t *out) {
     long long v = PyLong_AsLongLong(o);
@@ -489,22 +990,6 @@ static int check_nargs(Py_ssize_t n, Py_ssize_t want, const char *name) {
     return 0;
 }
 
-/* y [m, n] = x [m, k] @ w.T + b (then gelu_new with act), copying x into a zero-padded buffer where k is
-   not a multiple of 8. Returns 0, or -1 out of memory. Runs without the GIL. */
-static int product(const float *x, int64_t m, int64_t k, const uint16_t *w, int64_t kp, int64_t n, const float *b,
-                   float *y, int fmt, int threads, int act) {
-    float *pad = NULL;
-    if (k != kp) {
-        pad = calloc((size_t)(m * kp), sizeof(float));
-        if (!pad) return -1;
-        for (int64_t r = 0; r < m; r++) memcpy(pad + r * kp, x + r * k, sizeof(float) * (size_t)k);
-        x = pad;
-    }
-    matmul_blocks(x, m, kp, w, n, b, y, fmt, threads, act);
-    free(pad);
-    return 0;
-}
-
 #define NOT_TAKEN do { release(&h); Py_RETURN_FALSE; } while (0)
 
 /* matmul(x, w, n, b, y, fmt, threads, gelu): y [m, n] = x [m, k] @ the blocked w (n rows) .T + b (None:
@@ -512,7 +997,7 @@ static int product(const float *x, int64_t m, int64_t k, const uint16_t *w, int6
 static PyObject *py_matmul(PyObject *self, PyObject *const *a, Py_ssize_t na) {
     (void)self;
     Held h = {.n = 0};
-    int64_t n, fmt, threads, kp;
+    int64_t n, fmt, threads;
     if (!check_nargs(na, 8, "matmul") || !as_int64(a[2], &n) || !as_int64(a[5], &fmt) || !as_int64(a[6], &threads))
         return NULL;
     int act = PyObject_IsTrue(a[7]);
@@ -521,13 +1006,13 @@ static PyObject *py_matmul(PyObject *self, PyObject *const *a, Py_ssize_t na) {
     Py_buffer *x = take(&h, a[0], 'f', 2, 0);
     if (!x) NOT_TAKEN;
     int64_t m = x->shape[0], k = x->shape[1];
-    Py_buffer *w = take_weight(&h, a[1], n, k, &kp);
+    Py_buffer *w = take_weight(&h, a[1], n, k, fmt);
     Py_buffer *y = take(&h, a[4], 'f', 2, 1);
     if (!w || !y || !known_format(fmt) || !take_vector(&h, a[3], n, &b) || y->shape[0] != m || y->shape[1] != n)
         NOT_TAKEN;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = product(x->buf, m, k, w->buf, kp, n, b, y->buf, (int)fmt, (int)threads, act);
+    rc = product(x->buf, m, k, w->buf, n, b, y->buf, (int)fmt, (int)threads, act);
     Py_END_ALLOW_THREADS
     release(&h);
     if (rc) return PyErr_NoMemory();
@@ -539,17 +1024,40 @@ static PyObject *py_matmul(PyObject *self, PyObject *const *a, Py_ssize_t na) {
 static PyObject *py_unpack(PyObject *self, PyObject *const *a, Py_ssize_t na) {
     (void)self;
     Held h = {.n = 0};
-    int64_t n, j0, j1, k, fmt, threads, kp;
+    int64_t n, j0, j1, k, fmt, threads;
     if (!check_nargs(na, 8, "unpack") || !as_int64(a[1], &n) || !as_int64(a[2], &j0) || !as_int64(a[3], &j1)
         || !as_int64(a[4], &k) || !as_int64(a[6], &fmt) || !as_int64(a[7], &threads))
         return NULL;
-    Py_buffer *w = take_weight(&h, a[0], n, k, &kp);
+    Py_buffer *w = take_weight(&h, a[0], n, k, fmt);
     Py_buffer *out = take(&h, a[5], 'f', 2, 1);
     if (!w || !out || !known_format(fmt) || j0 < 0 || j1 > n || j1 < j0 || out->shape[0] != j1 - j0
         || out->shape[1] != k)
         NOT_TAKEN;
     Py_BEGIN_ALLOW_THREADS
-    unpack_rows(w->buf, kp, j0, j1, k, out->buf, (int)fmt, (int)threads);
+    (void)threads;
+    unpack_rows(w->buf, k, j0, j1, out->buf, (int)fmt);
+    Py_END_ALLOW_THREADS
+    release(&h);
+    Py_RETURN_TRUE;
+}
+
+/* unpack_t(w, n, p0, p1, k, out, fmt, threads): panels p0 .. p1 - 1 of w (n outputs over k inputs) as
+   float32 into out [k, (p1 - p0) * PANEL], row-major: x @ out is the product of those outputs (BLAS's
+   operand for products of many rows). */
+static PyObject *py_unpack_t(PyObject *self, PyObject *const *a, Py_ssize_t na) {
+    (void)self;
+    Held h = {.n = 0};
+    int64_t n, p0, p1, k, fmt, threads;
+    if (!check_nargs(na, 8, "unpack_t") || !as_int64(a[1], &n) || !as_int64(a[2], &p0) || !as_int64(a[3], &p1)
+        || !as_int64(a[4], &k) || !as_int64(a[6], &fmt) || !as_int64(a[7], &threads))
+        return NULL;
+    Py_buffer *w = take_weight(&h, a[0], n, k, fmt);
+    Py_buffer *out = take(&h, a[5], 'f', 2, 1);
+    if (!w || !out || !known_format(fmt) || p0 < 0 || p1 > w->shape[0] || p1 <= p0 || out->shape[0] != k
+        || out->shape[1] != (p1 - p0) * PANEL)
+        NOT_TAKEN;
+    Py_BEGIN_ALLOW_THREADS
+    unpack_t(w->buf, k, p0, p1, out->buf, (int)fmt, (int)threads);
     Py_END_ALLOW_THREADS
     release(&h);
     Py_RETURN_TRUE;
@@ -613,7 +1121,7 @@ static PyObject *py_attention(PyObject *self, PyObject *const *a, Py_ssize_t na)
 static PyObject *py_self_attention(PyObject *self, PyObject *const *a, Py_ssize_t na) {
     (void)self;
     Held h = {.n = 0};
-    int64_t offset, n_head, fmt, threads, kp_attn, kp_proj;
+    int64_t offset, n_head, fmt, threads;
     if (!check_nargs(na, 12, "self_attention") || !as_int64(a[7], &offset) || !as_int64(a[8], &n_head)
         || !as_int64(a[9], &fmt) || !as_int64(a[10], &threads))
         return NULL;
@@ -621,7 +1129,7 @@ static PyObject *py_self_attention(PyObject *self, PyObject *const *a, Py_ssize_
     Py_buffer *x = take(&h, a[0], 'f', 3, 0);
     if (!x || n_head < 1) NOT_TAKEN;
     int64_t b = x->shape[0], t = x->shape[1], c = x->shape[2], m = b * t, d = c / n_head;
-    Py_buffer *wa = take_weight(&h, a[1], 3 * c, c, &kp_attn), *wp = take_weight(&h, a[3], c, c, &kp_proj);
+    Py_buffer *wa = take_weight(&h, a[1], 3 * c, c, fmt), *wp = take_weight(&h, a[3], c, c, fmt);
     Py_buffer *k = take(&h, a[5], 'f', 4, 1), *v = take(&h, a[6], 'f', 4, 1), *out = take(&h, a[11], 'f', 3, 1);
     if (!wa || !wp || !out || !known_format(fmt) || c % n_head || !caches_fit(k, v, b, n_head, d, offset, t)
         || !same_shape(out, x)
@@ -633,9 +1141,9 @@ static PyObject *py_self_attention(PyObject *self, PyObject *const *a, Py_ssize_
     float *y = qkv + m * 3 * c;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = product(x->buf, m, c, wa->buf, kp_attn, 3 * c, b_attn, qkv, (int)fmt, (int)threads, 0);
+    rc = product(x->buf, m, c, wa->buf, 3 * c, b_attn, qkv, (int)fmt, (int)threads, 0);
     if (!rc) qkv_attention(qkv, b, t, n_head, d, k->buf, v->buf, l, offset, y, (int)threads);
-    if (!rc) rc = product(y, m, c, wp->buf, kp_proj, c, b_proj, out->buf, (int)fmt, (int)threads, 0);
+    if (!rc) rc = product(y, m, c, wp->buf, c, b_proj, out->buf, (int)fmt, (int)threads, 0);
     Py_END_ALLOW_THREADS
     free(qkv);
     release(&h);
@@ -649,14 +1157,14 @@ static PyObject *py_self_attention(PyObject *self, PyObject *const *a, Py_ssize_
 static PyObject *py_mlp(PyObject *self, PyObject *const *a, Py_ssize_t na) {
     (void)self;
     Held h = {.n = 0};
-    int64_t f, fmt, threads, kp_fc, kp_proj;
+    int64_t f, fmt, threads;
     if (!check_nargs(na, 9, "mlp") || !as_int64(a[2], &f) || !as_int64(a[6], &fmt) || !as_int64(a[7], &threads))
         return NULL;
     const float *b_fc, *b_proj;
     Py_buffer *x = take(&h, a[0], 'f', 2, 0);
     if (!x) NOT_TAKEN;
     int64_t m = x->shape[0], c = x->shape[1];
-    Py_buffer *wf = take_weight(&h, a[1], f, c, &kp_fc), *wp = take_weight(&h, a[4], c, f, &kp_proj);
+    Py_buffer *wf = take_weight(&h, a[1], f, c, fmt), *wp = take_weight(&h, a[4], c, f, fmt);
     Py_buffer *out = take(&h, a[8], 'f', 2, 1);
     if (!wf || !wp || !out || !known_format(fmt) || !same_shape(out, x) || !take_vector(&h, a[3], f, &b_fc)
         || !take_vector(&h, a[5], c, &b_proj))
@@ -665,12 +1173,98 @@ static PyObject *py_mlp(PyObject *self, PyObject *const *a, Py_ssize_t na) {
     if (!hidden) { release(&h); return PyErr_NoMemory(); }
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = product(x->buf, m, c, wf->buf, kp_fc, f, b_fc, hidden, (int)fmt, (int)threads, 1);
-    if (!rc) rc = product(hidden, m, f, wp->buf, kp_proj, c, b_proj, out->buf, (int)fmt, (int)threads, 0);
+    rc = product(x->buf, m, c, wf->buf, f, b_fc, hidden, (int)fmt, (int)threads, 1);
+    if (!rc) rc = product(hidden, m, f, wp->buf, c, b_proj, out->buf, (int)fmt, (int)threads, 0);
     Py_END_ALLOW_THREADS
     free(hidden);
     release(&h);
     if (rc) return PyErr_NoMemory();
+    Py_RETURN_TRUE;
+}
+
+/* ragged_self_attention(x, w_attn, b_attn, w_proj, b_proj, slot_kv, rows, n_head, fmt, threads, out): the
+   attention block of a ragged step in one call. x [1, n, c]; slot_kv a list of (k_cache, v_cache) per
+   slot, each [1, n_head, P, c / n_head]; rows int64 [R, 4] of (slot, offset, start, length), packed in
+   order (start = the lengths before it), each slot at most once, each row's positions within its caches.
+   qkv = x @ w_attn + b_attn; each row's keys and values written into its slot; the attention of every
+   row's queries over its own slot; then @ w_proj + b_proj into out [1, n, c]. */
+static PyObject *py_ragged_self_attention(PyObject *self, PyObject *const *a, Py_ssize_t na) {
+    (void)self;
+    Held h = {.n = 0};
+    int64_t n_head, fmt, threads;
+    if (!check_nargs(na, 11, "ragged_self_attention") || !as_int64(a[7], &n_head) || !as_int64(a[8], &fmt)
+        || !as_int64(a[9], &threads))
+        return NULL;
+    const float *b_attn, *b_proj;
+    Py_buffer *x = take(&h, a[0], 'f', 3, 0);
+    if (!x || n_head < 1 || x->shape[0] != 1 || !PyList_Check(a[5])) NOT_TAKEN;
+    int64_t n = x->shape[1], c = x->shape[2], d = c / n_head, slots = PyList_GET_SIZE(a[5]);
+    Py_buffer *wa = take_weight(&h, a[1], 3 * c, c, fmt), *wp = take_weight(&h, a[3], c, c, fmt);
+    Py_buffer *rb = take(&h, a[6], 'q', 2, 0), *out = take(&h, a[10], 'f', 3, 1);
+    if (!wa || !wp || !rb || !out || !known_format(fmt) || c % n_head || d < 1 || !same_shape(out, x)
+        || rb->shape[1] != 4 || rb->shape[0] < 1 || !take_vector(&h, a[2], 3 * c, &b_attn)
+        || !take_vector(&h, a[4], c, &b_proj))
+        NOT_TAKEN;
+    int64_t rows = rb->shape[0];
+    const int64_t *rv = rb->buf;
+    /* Per row: start, length, offset, cache length, and the two caches' buffers (held until the end). */
+    int64_t *meta = malloc(sizeof(int64_t) * (size_t)(4 * rows));
+    float **kv = malloc(sizeof(float *) * (size_t)(2 * rows));
+    Py_buffer *bufs = malloc(sizeof(Py_buffer) * (size_t)(2 * rows));
+    char *used = calloc((size_t)(slots > 0 ? slots : 1), 1);
+    int held = 0, taken = meta && kv && bufs && used;
+    for (int64_t r = 0, next = 0; taken && r < rows; r++) {
+        int64_t slot = rv[4 * r], offset = rv[4 * r + 1], start = rv[4 * r + 2], length = rv[4 * r + 3];
+        if (slot < 0 || slot >= slots || used[slot] || start != next || length < 1 || offset < 0) { taken = 0; break; }
+        used[slot] = 1;
+        next += length;
+        if (r == rows - 1 && next != n) { taken = 0; break; }
+        PyObject *pair = PyList_GET_ITEM(a[5], slot);
+        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) { taken = 0; break; }
+        for (int j = 0; j < 2 && taken; j++) {
+            Py_buffer *v = &bufs[held];
+            if (PyObject_GetBuffer(PyTuple_GET_ITEM(pair, j), v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
+                PyErr_Clear();
+                taken = 0;
+                break;
+            }
+            held++;
+            const char *f = v->format ? v->format : "B";
+            if (f[0] == '@' || f[0] == '=') f++;
+            if (f[0] != 'f' || f[1] != '\0' || v->itemsize != 4 || v->ndim != 4 || v->shape[0] != 1
+                || v->shape[1] != n_head || v->shape[3] != d || v->shape[2] < offset + length)
+                taken = 0;
+            kv[2 * r + j] = v->buf;
+        }
+        if (taken && (kv[2 * r] == kv[2 * r + 1] || bufs[held - 1].shape[2] != bufs[held - 2].shape[2])) taken = 0;
+        meta[r] = start; meta[rows + r] = length; meta[2 * rows + r] = offset;
+        if (taken) meta[3 * rows + r] = bufs[held - 1].shape[2];
+    }
+    float *qkv = NULL, **ks = NULL, **vs = NULL;
+    if (taken) {
+        qkv = malloc(sizeof(float) * (size_t)(n * 4 * c));  /* qkv [n, 3c], then y [n, c] */
+        ks = malloc(sizeof(float *) * (size_t)rows);
+        vs = malloc(sizeof(float *) * (size_t)rows);
+    }
+    int rc = 0;
+    if (taken && qkv && ks && vs) {
+        for (int64_t r = 0; r < rows; r++) { ks[r] = kv[2 * r]; vs[r] = kv[2 * r + 1]; }
+        float *y = qkv + n * 3 * c;
+        Py_BEGIN_ALLOW_THREADS
+        rc = product(x->buf, n, c, wa->buf, 3 * c, b_attn, qkv, (int)fmt, (int)threads, 0);
+        if (!rc) rc = ragged_attention(qkv, n, n_head, d, rows, meta, meta + rows, meta + 2 * rows, ks, vs,
+                                       meta + 3 * rows, y, (int)threads);
+        if (!rc) rc = product(y, n, c, wp->buf, c, b_proj, out->buf, (int)fmt, (int)threads, 0);
+        Py_END_ALLOW_THREADS
+    } else if (taken) {
+        rc = -1;
+    }
+    for (int i = 0; i < held; i++) PyBuffer_Release(&bufs[i]);
+    int oom = !(meta && kv && bufs && used) || rc;
+    free(meta); free(kv); free(bufs); free(used); free(qkv); free(ks); free(vs);
+    release(&h);
+    if (oom) return PyErr_NoMemory();
+    if (!taken) Py_RETURN_FALSE;
     Py_RETURN_TRUE;
 }
 
@@ -679,11 +1273,21 @@ static PyObject *py_simd(PyObject *self, PyObject *unused) {
     return PyLong_FromLong(simd_path());
 }
 
+/* force_portable(flag): with flag true, every later call takes the portable C path; false, the detected one. */
 static PyObject *py_force_portable(PyObject *self, PyObject *flag) {
     (void)self;
     int portable = PyObject_IsTrue(flag);
     if (portable < 0) return NULL;
-    return PyLong_FromLong(force_portable(portable));
+    return PyLong_FromLong(limit_path(portable ? PATH_PORTABLE : PATH_AVX512));
+}
+
+/* force_avx2(flag): with flag true, every later call takes at most the AVX2 path (AVX-512 machines test
+   it so); false, the detected one. */
+static PyObject *py_force_avx2(PyObject *self, PyObject *flag) {
+    (void)self;
+    int avx2 = PyObject_IsTrue(flag);
+    if (avx2 < 0) return NULL;
+    return PyLong_FromLong(limit_path(avx2 ? PATH_AVX2 : PATH_AVX512));
 }
 
 static PyObject *py_max_threads(PyObject *self, PyObject *unused) {
@@ -695,14 +1299,19 @@ static PyObject *py_max_threads(PyObject *self, PyObject *unused) {
 static PyMethodDef functions[] = {
     FAST(matmul, "matmul(x, w, n, b, y, fmt, threads, gelu) -> bool: y = x @ w.T + b, w blocked 16-bit."),
     FAST(unpack, "unpack(w, n, j0, j1, k, out, fmt, threads) -> bool: rows j0..j1-1 of w as float32."),
+    FAST(unpack_t, "unpack_t(w, n, p0, p1, k, out, fmt, threads) -> bool: panels p0..p1-1 as float32 [k, cols]."),
     FAST(layernorm, "layernorm(x, gamma, beta, eps, out) -> bool: layer norm over the last axis."),
     FAST(attention, "attention(q, k, v, offset, out, threads) -> bool: causal attention over KV caches."),
     FAST(self_attention, "self_attention(x, w_attn, b_attn, w_proj, b_proj, k, v, offset, n_head, fmt, "
                          "threads, out) -> bool: a decode step's attention block."),
+    FAST(ragged_self_attention, "ragged_self_attention(x, w_attn, b_attn, w_proj, b_proj, slot_kv, rows, "
+                                "n_head, fmt, threads, out) -> bool: a ragged step's attention block."),
     FAST(mlp, "mlp(x, w_fc, f, b_fc, w_proj, b_proj, fmt, threads, out) -> bool: a decode step's MLP."),
-    {"simd", py_simd, METH_NOARGS, "simd() -> 1 on the AVX2 + FMA + F16C path, 0 on portable C."},
+    {"simd", py_simd, METH_NOARGS, "simd() -> 2 on the AVX-512 path, 1 on AVX2 + FMA + F16C, 0 on portable C."},
     {"force_portable", py_force_portable, METH_O,
      "force_portable(flag) -> simd(): with flag true, every later call takes the portable C path."},
+    {"force_avx2", py_force_avx2, METH_O,
+     "force_avx2(flag) -> simd(): with flag true, every later call takes at most the AVX2 path."},
     {"max_threads", py_max_threads, METH_NOARGS, "max_threads() -> the most threads a call may use."},
     {NULL, NULL, 0, NULL}};
 

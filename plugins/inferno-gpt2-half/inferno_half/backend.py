@@ -1,38 +1,36 @@
-"""The ``half`` backend: 16-bit weights, float32 activations, a compiled kernel for the matrix products.
+"""The ``half`` backend: 16-bit or 8-bit weights, float32 activations, compiled kernels for the products.
 
     inferno --backend half "Hello"                       # float16 weights
     inferno --backend half:dtype=bfloat16 "Hello"        # bfloat16 weights (a BF16 file stays exact)
+    inferno --backend half:dtype=int8 "Hello"            # int8 weights, quantized at load
     inferno --backend half:threads=1 "Hello"
 
-A decode step reads every weight once, so its speed is the memory bandwidth divided by the bytes of
-the weights: 16-bit weights halve them. Only the weights are rounded to 16 bits; activations, the KV
-cache, every sum and the logits stay float32 (this is `numpy`'s backend with different matrix
-products). Each product widens the weights in registers and accumulates in float32
-(`_kernels.c`: AVX2 + FMA + F16C where the CPU has them, portable C elsewhere, OpenMP threads).
+Only the weights are rounded: to float16 or bfloat16, or quantized to int8 with one float32 scale per
+output (max |row| / 127, see `quantize`). Activations, the KV cache, every sum and the logits stay
+float32: this is `numpy`'s backend with different matrix products. A step of one sequence reads every
+weight once, so its speed is the memory bandwidth over the bytes of the weights, which 16 bits halve and
+int8 halves again.
 
-Weights are converted once at load: the four block matrices to [out, in] rows, padded to multiples of
-8 and stored blocked (see `pack`); `wte` too, which serves both the embedding gather (rows widened on
-the fly) and the tied LM head, so the backend holds it once, in 16 bits. A product of more than
-`SMALL_M` rows (a prefill) is BLAS on float32 weights unpacked 8 MB at a time: BLAS beats a
-hand-written kernel there, and the unpacking costs little against the GEMM.
+What runs in C (`_kernels.c`), and why:
 
-The rest of a decode step is C too, because at one token a step NumPy's calls cost more than the work:
-the layer norms (~20 us each in NumPy, 25 a step); the attention, which one call runs straight from the
-fused c_attn product (writing the new keys and values into the cache, then attending with 8-wide dot
-products and exponentials: 14 us a layer at 100 cached tokens, against 41 for a scalar loop and ~50 for
-NumPy's stacked matmuls, plus the head split, cache writes and merge it saves); and the MLP's GELU,
-computed inside the c_fc product (NumPy's nine passes over 3072 values cost ~10 us, 12 times a step).
+* Every matrix product. The weights are packed once at load in panels of 32 outputs ([out/32][in][32]),
+  which the kernel streams in order; for each input, a panel's 32 weights are widened to float32 in
+  registers once and multiplied into a tile of up to 24 rows, so a step of many sequences (or a prompt)
+  reads and widens each weight once per tile and is bound by the FMAs, not by unpacking. Each output is
+  one FMA chain over its inputs, the same for any number of rows: a sequence gets the same bits batched
+  or alone. Paths by CPU feature at run time: AVX-512, AVX2 + FMA + F16C, portable C; OpenMP threads.
+* The rest of a decode step, because at one token a step NumPy's calls cost more than the work: the
+  layer norms; the attention block in one call per layer (the fused c_attn product, the cache writes,
+  the attention, c_proj), over all the rows of a ragged engine step at once; the MLP with its GELU
+  inside the first product; the embedding gather. Long prompts attend in tiles of 12 queries (AVX-512).
 
-Each C function takes the NumPy arrays themselves, through the buffer protocol (~0.05 us an array), and
-a decode step makes one call per layer norm, attention block and MLP, plus the embedding and the LM head
-(51 calls a 12-layer step). Through ctypes, as before, `.ctypes.data` alone cost 0.8 us an array, ~250
-arrays a step. In 9 paired rounds against `numpy` (2026-12-01) the step's ratio to `numpy`'s went from
-1.98x to 2.15x with this, and to 2.44x (4.71 ms a step) with the kernel's prefetch 4 KB ahead (see
-`_kernels.c`). A function declines (returns False, computing nothing) an array it does not take
-(another dtype, order or shape, a cache without room), and the NumPy path runs instead.
+Each C function takes the NumPy arrays themselves through the buffer protocol (cheaper than ctypes per
+array), releases the GIL, and declines (returns False, computing nothing) an array it does not take
+(another dtype, order or shape, a cache without room): the NumPy path runs instead.
 
-Without the compiled kernel (no C compiler at install) every product takes the unpacking path in
-NumPy: correct, and slow; `inferno backends` says so in the description of the backend.
+Without the compiled kernels (no C compiler at install) every product unpacks the weights in NumPy and
+calls BLAS: correct, and slow; `inferno backends` says so in the description of the backend. Measured
+figures are in docs/benchmarks-half.md.
 """
 
 from __future__ import annotations
@@ -50,10 +48,16 @@ from inferno.backends.numpy_backend import NumpyBackend
 #: The Hub's Conv1D weights (stored [in, out]) and the [V, C] embedding/head: the matrices kept in 16 bits.
 MATRICES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight",
             "wte.weight", "lm_head.weight")
-#: The formats, by option value: (numpy dtype of the stored bits, the kernel's format code).
-FORMATS = {"float16": 0, "bfloat16": 1}
-#: Products of up to this many rows run in the compiled kernel; more go to BLAS (see the module docstring).
-SMALL_M = 8
+#: The formats, by option value: the kernel's format code. int8: symmetric, one float32 scale per output
+#: (row of the [out, in] matrix), max |w| / 127; see `quantize`.
+FORMATS = {"float16": 0, "bfloat16": 1, "int8": 2}
+#: Outputs per panel of the packed weights (`_kernels.c`'s PANEL).
+PANEL = 32
+#: Queries up to this many a sequence (decode, short prompts, prefill chunks) attend in the C kernel, which
+#: runs them one at a time; a longer prompt's attention is NumPy's batched matmuls (BLAS).
+SMALL_M = 64
+#: Ragged steps of up to this many tokens (decode rows and prompt chunks) run their attention block in C.
+RAGGED_TOKENS = 256
 #: Float32 bytes unpacked per BLAS call on the many-row path.
 UNPACK_BYTES = 8 << 20
 #: The most threads one may ask for (as for cpu-threaded).
@@ -103,10 +107,11 @@ def from_bits(bits: np.ndarray, fmt: str) -> np.ndarray:
 
 
 class Weight16:
-    """A matrix of a `linear` (or the embedding/head) as this backend keeps it: the rows of the [out, in]
-    matrix in 16 bits, padded with zeros to multiples of 8 both ways and blocked as
-    [out/8][in/8][8 rows][8 columns], so that the kernel reads them in order. ``shape`` is [in, out],
-    the protocol's view of a linear weight; ``rows`` is [out, in], the embedding's."""
+    """A matrix of a `linear` (or the embedding/head) as this backend keeps it: the [out, in] matrix in
+    16 bits, its outputs padded with zeros to a multiple of `PANEL` and stored in panels
+    [out/32][in][32] (the 32 weights of one input for 32 outputs side by side), so that the kernel reads
+    them in order. ``shape`` is [in, out], the protocol's view of a linear weight; ``rows`` is [out, in],
+    the embedding's."""
 
     __slots__ = ("blocks", "rows", "fmt")
 
@@ -126,54 +131,94 @@ class Weight16:
         n, k = self.rows
         flat = ids.reshape(-1)
         if _KERNELS is not None:
-            # One C call a row: NumPy's gather across the blocks took ~50 us for one token.
+            # One C call a row: NumPy's gather across the panels took ~50 us for one token.
             out = np.empty((len(flat), k), np.float32)
             if all(_KERNELS.unpack(self.blocks, n, j, j + 1, k, out[i : i + 1], FORMATS[self.fmt], 1)
                    for i, j in enumerate(flat.tolist())):
                 return out.reshape(*ids.shape, k)
-        kp = self.blocks.shape[1] * 8
-        # Row j's column i sits at blocks[j // 8, i // 8, j % 8, i % 8].
-        got = self.blocks[flat // 8, :, flat % 8, :].reshape(len(flat), kp)[:, :k]
-        return from_bits(np.ascontiguousarray(got), self.fmt).reshape(*ids.shape, k)
+        # Row j's input i sits at blocks[j // PANEL, i, j % PANEL].
+        got = np.ascontiguousarray(self.blocks[flat // PANEL, :k, flat % PANEL])
+        if self.fmt == "int8":
+            return (got * self.scales()[flat][:, None]).reshape(*ids.shape, k)
+        return from_bits(got, self.fmt).reshape(*ids.shape, k)
+
+    def scales(self) -> np.ndarray:
+        """int8: the float32 scale of each output (padding included), from the end of each panel."""
+        k = self.rows[1]
+        return np.ascontiguousarray(self.blocks[:, k:, :]).view(np.float32).reshape(-1)
 
     def __repr__(self) -> str:
-        return f"Weight16({self.rows[0]}x{self.rows[1]} [out, in], {self.fmt}, blocked)"
+        return f"Weight16({self.rows[0]}x{self.rows[1]} [out, in], {self.fmt}, panels of {PANEL})"
 
 
 def pack(out_in: np.ndarray, fmt: str) -> Weight16:
-    """A float32 [out, in] matrix → `Weight16`, converted a few rows at a time (no full-size temporary)."""
+    """A float32 [out, in] matrix → `Weight16`, converted a few panels at a time (no full-size temporary)."""
     n, k = out_in.shape
-    n8, k8 = -(-n // 8), -(-k // 8)
-    blocks = np.zeros((n8, k8, 8, 8), dtype=np.uint16)
-    step = max(8, (UNPACK_BYTES // max(1, 4 * k)) // 8 * 8)
+    count = -(-n // PANEL)
+    if fmt == "int8":
+        return _pack_int8(out_in, count)
+    blocks = np.zeros((count, k, PANEL), dtype=np.uint16)
+    step = max(PANEL, (UNPACK_BYTES // max(1, 4 * k)) // PANEL * PANEL)
     for j0 in range(0, n, step):
         j1 = min(n, j0 + step)
-        part = np.zeros(((j1 - j0 + 7) // 8 * 8, k8 * 8), dtype=np.uint16)
-        part[: j1 - j0, :k] = to_bits(out_in[j0:j1], fmt)
-        blocks[j0 // 8 : j0 // 8 + part.shape[0] // 8] = part.reshape(-1, 8, k8, 8).transpose(0, 2, 1, 3)
+        part = np.zeros((-(-(j1 - j0) // PANEL) * PANEL, k), dtype=np.uint16)
+        part[: j1 - j0] = to_bits(out_in[j0:j1], fmt)
+        p0 = j0 // PANEL
+        blocks[p0 : p0 + part.shape[0] // PANEL] = part.reshape(-1, PANEL, k).transpose(0, 2, 1)
     return Weight16(blocks, (n, k), fmt)
+
+
+def quantize(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """float32 [r, k] → (int8 [r, k], float32 scales [r]): each row over max |row| / 127, rounded to
+    nearest (ties to even), so that row ≈ q * scale within scale / 2; a zero row gets scale 1."""
+    if not rows.size:
+        return rows.astype(np.int8), np.ones(len(rows), np.float32)
+    scales = (np.abs(rows).max(axis=1) / np.float32(127)).astype(np.float32)
+    scales[scales == 0] = 1
+    q = np.rint(rows / scales[:, None]).clip(-127, 127).astype(np.int8)
+    return q, scales.astype(np.float32)
+
+
+def _pack_int8(out_in: np.ndarray, count: int) -> Weight16:
+    """`pack` for int8: panels [out/32][in + 4][32] of int8, the last 4 rows of each panel its 32 float32
+    scales (128 bytes), quantized a few panels at a time."""
+    n, k = out_in.shape
+    blocks = np.zeros((count, k + 4, PANEL), dtype=np.int8)
+    step = max(PANEL, (UNPACK_BYTES // max(1, 4 * k)) // PANEL * PANEL)
+    for j0 in range(0, n, step):
+        j1 = min(n, j0 + step)
+        q, sc = quantize(np.asarray(out_in[j0:j1], dtype=np.float32))
+        rows = -(-(j1 - j0) // PANEL) * PANEL
+        part, scales = np.zeros((rows, k), np.int8), np.ones(rows, np.float32)
+        part[: j1 - j0], scales[: j1 - j0] = q, sc
+        p0, panels = j0 // PANEL, rows // PANEL
+        blocks[p0 : p0 + panels, :k] = part.reshape(-1, PANEL, k).transpose(0, 2, 1)
+        blocks[p0 : p0 + panels, k:] = scales.reshape(panels, PANEL).view(np.int8).reshape(panels, 4, PANEL)
+    return Weight16(blocks, (n, k), "int8")
 
 
 class HalfBackend(NumpyBackend):
     name = "half"
-    description = ("16-bit weights (dtype=float16|bfloat16), float32 activations and sums; a compiled "
-                   "kernel for decode (threads=N up to 1024)"
+    description = ("16-bit weights (dtype=float16|bfloat16) or 8-bit ones (dtype=int8), float32 activations "
+                   "and sums; compiled kernels (threads=N up to 1024)"
                    + ("" if _KERNELS is not None else " [kernel not compiled: NumPy fallback, slow]"))
 
     def __init__(self, dtype: Any = "float16", threads: Any = None) -> None:
-        """`dtype`: how the weights are stored, "float16" (default: 11 significant bits) or "bfloat16"
-        (8 bits, float32's range; what a BF16 checkpoint holds exactly). `threads`: threads of the
+        """`dtype`: how the weights are stored, "float16" (default: 11 significant bits), "bfloat16"
+        (8 bits, float32's range; what a BF16 checkpoint holds exactly) or "int8" (quantized at load:
+        8-bit integers and one float32 scale per output; half the bytes again). `threads`: threads of the
         compiled kernel, None or "auto" for the usable cores. Bad values raise ValueError naming the
         option."""
         super().__init__("float32")
         name = str(dtype).removeprefix("torch.").removeprefix("numpy.")
         if name not in FORMATS:
-            raise ValueError(f"half backend: option dtype={dtype!r} is not supported (choose float16 or "
-                             "bfloat16)")
+            raise ValueError(f"half backend: option dtype={dtype!r} is not supported (choose float16, "
+                             "bfloat16 or int8)")
         self.fmt = name
         self._code = FORMATS[name]
         # The conformance suite's tolerances follow the rounding of the weights.
-        self.dtype = np.dtype(np.float16) if name == "float16" else "bfloat16"
+        # (int8 has no entry there: it gets the loosest, bfloat16's.)
+        self.dtype = np.dtype(np.float16) if name == "float16" else name
         self.threads = _threads(threads)
         self.compiled = _KERNELS is not None
         self._workers: ThreadPoolExecutor | None = None  # for products of many rows, made when needed
@@ -252,7 +297,7 @@ class HalfBackend(NumpyBackend):
 
     def mlp(self, x, w_fc, b_fc, w_proj, b_proj):
         rows = x.reshape(-1, x.shape[-1])
-        if (_KERNELS is not None and rows.shape[0] <= SMALL_M and type(w_fc) is Weight16
+        if (_KERNELS is not None and type(w_fc) is Weight16
                 and type(w_proj) is Weight16):
             # Decode: both products in one C call, the GELU inside the first (NumPy's nine passes over
             # 3072 values cost ~10 us, 12 times a step).
@@ -265,7 +310,7 @@ class HalfBackend(NumpyBackend):
 
     def self_attention(self, x, w_attn, b_attn, w_proj, b_proj, kv, offset, n_head):
         b, t, c = x.shape
-        if (_KERNELS is not None and b * t <= SMALL_M and type(w_attn) is Weight16
+        if (_KERNELS is not None and (b * t <= SMALL_M or _KERNELS.simd() == 2) and type(w_attn) is Weight16
                 and type(w_proj) is Weight16):
             # Decode: one C call runs the fused projection, writes the new keys and values into the cache,
             # attends (reading the heads where the projection left them: no split, copy or merge), and
@@ -278,12 +323,26 @@ class HalfBackend(NumpyBackend):
                 return out, kv
         return super().self_attention(x, w_attn, b_attn, w_proj, b_proj, kv, offset, n_head)
 
+    def ragged_self_attention(self, x, w_attn, b_attn, w_proj, b_proj, slot_kv, rows, n_head):
+        if (_KERNELS is not None and x.shape[1] <= RAGGED_TOKENS and type(w_attn) is Weight16
+                and type(w_proj) is Weight16 and isinstance(slot_kv, list)):
+            # One C call for the whole step: both products over all rows, every row's cache writes, and
+            # the attention of all (token, head) pairs split among the threads (the default makes a call
+            # per row, and NumPy's head split, slicing and merge around them).
+            x = _f32(x)
+            out = np.empty_like(x)
+            table = np.array([(r.slot, r.offset, r.start, r.length) for r in rows], dtype=np.int64)
+            if _KERNELS.ragged_self_attention(x, w_attn.blocks, _bias(b_attn), w_proj.blocks, _bias(b_proj),
+                                              slot_kv, table, n_head, self._code, self.threads, out):
+                return out
+        return super().ragged_self_attention(x, w_attn, b_attn, w_proj, b_proj, slot_kv, rows, n_head)
+
     def _matmul(self, x: np.ndarray, w: Weight16, b: np.ndarray | None, gelu: bool = False) -> np.ndarray:
-        """[M, K] float32 @ the [K, N] that `w` holds, + b (then gelu_new, with `gelu`): the kernel for a
-        few rows, BLAS for more."""
+        """[M, K] float32 @ the [K, N] that `w` holds, + b (then gelu_new, with `gelu`): the kernel, or
+        BLAS on weights unpacked a slice at a time where the kernel is not built (or declines)."""
         m, k = x.shape
         n = w.rows[0]
-        if _KERNELS is not None and m <= SMALL_M:
+        if _KERNELS is not None:
             y = np.empty((m, n), np.float32)
             x = _f32(x)
             if _KERNELS.matmul(x, w.blocks, n, _bias(b), y, self._code, self.threads, gelu):
@@ -319,15 +378,18 @@ class HalfBackend(NumpyBackend):
             self._workers = None
 
     def _unpack(self, w: Weight16, j0: int, j1: int) -> np.ndarray:
-        """Rows j0 .. j1 - 1 of `w`'s [out, in] matrix as float32 (j0 a multiple of 8). One thread: BLAS
-        runs next on all the cores, and OpenMP threads still spinning would take them from it."""
+        """Rows j0 .. j1 - 1 of `w`'s [out, in] matrix as float32."""
         n, k = w.rows
         if _KERNELS is not None:
             out = np.empty((j1 - j0, k), np.float32)
             if _KERNELS.unpack(w.blocks, n, j0, j1, k, out, self._code, 1):
                 return out
-        part = w.blocks[j0 // 8 : (j1 + 7) // 8].transpose(0, 2, 1, 3).reshape(-1, w.blocks.shape[1] * 8)
-        return from_bits(np.ascontiguousarray(part[: j1 - j0, :k]), w.fmt)
+        p0 = j0 // PANEL
+        part = w.blocks[p0 : -(-j1 // PANEL), :k].transpose(0, 2, 1).reshape(-1, k)
+        got = np.ascontiguousarray(part[j0 - p0 * PANEL : j1 - p0 * PANEL])
+        if w.fmt == "int8":
+            return got * w.scales()[j0:j1, None]
+        return from_bits(got, w.fmt)
 
 
 def _f32(a: np.ndarray) -> np.ndarray:
@@ -339,8 +401,8 @@ def _bias(b: np.ndarray | None) -> np.ndarray | None:
 
 
 def _split(n: int, parts: int) -> list[tuple[int, int]]:
-    """[0, n) in up to `parts` contiguous ranges whose starts are multiples of 8."""
-    per = -(-n // max(1, parts) // 8) * 8 or 8
+    """[0, n) in up to `parts` contiguous ranges whose starts are multiples of `PANEL`."""
+    per = -(-n // max(1, parts) // PANEL) * PANEL or PANEL
     return [(j0, min(n, j0 + per)) for j0 in range(0, n, per)]
 
 

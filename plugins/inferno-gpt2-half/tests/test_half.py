@@ -18,22 +18,27 @@ from safetensors.numpy import load_file, save_file
 import inferno_half.backend as hb
 from inferno_half import HalfBackend
 
-FORMATS = ["float16", "bfloat16"]
+FORMATS = ["float16", "bfloat16", "int8"]
+SIXTEEN = FORMATS[:2]
 PROMPTS = ["Hello", "The quick brown fox", "Once upon a time", "def main():", "Numbers: 1, 2, 3,", "新年快乐"]
 
 
-@pytest.fixture(params=["detected", "portable"])
+@pytest.fixture(params=["detected", "avx2", "portable"])
 def kernel_path(request):
-    """Each kernel test twice: on the path detected here (AVX2 on x86) and on the portable C path that
-    ARM and older CPUs run."""
+    """Each kernel test on every path this CPU can run: the detected one (AVX-512 where the CPU has it),
+    AVX2 + FMA + F16C (what x86 CPUs without AVX-512 run), and portable C (ARM, older CPUs)."""
     kernels = hb._KERNELS  # (a test may monkeypatch hb._KERNELS away before this resets the path)
     if kernels is None:
-        if request.param == "portable":
+        if request.param != "detected":
             pytest.skip("the C kernels are not built")
         yield request.param
         return
     if request.param == "portable":
         assert kernels.force_portable(1) == 0
+    elif request.param == "avx2":
+        if kernels.force_avx2(1) != 1:
+            kernels.force_avx2(0)
+            pytest.skip("this CPU has no AVX2 + FMA + F16C")
     try:
         yield request.param
     finally:
@@ -74,7 +79,7 @@ def test_bfloat16_rounds_to_nearest_even():
 def test_pack_keeps_every_value_and_row_gather(fmt, n, k):
     a = np.random.default_rng(n * k).standard_normal((n, k)).astype(np.float32)
     w = hb.pack(a, fmt)
-    want = hb.from_bits(hb.to_bits(a, fmt), fmt)
+    want = _rounded(a.T, fmt).T.astype(np.float32)
     be = HalfBackend(fmt)
     np.testing.assert_array_equal(be.to_numpy(w), want)
     ids = np.array([[0, n - 1, n // 2], [n // 3, 0, n - 1]])
@@ -83,17 +88,19 @@ def test_pack_keeps_every_value_and_row_gather(fmt, n, k):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("m", [1, 2, 3, 5, 8, 9, 40])
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 8, 12, 13, 16, 40, 64, 65])
 @pytest.mark.parametrize("n, k", [(21, 13), (67, 48), (300, 96)])
 def test_linear_matches_float64_of_the_rounded_weights(fmt, m, n, k, monkeypatch, kernel_path):
-    # Both paths (the compiled kernel up to SMALL_M rows, unpacked BLAS above) and the NumPy fallback.
+    # Both paths (the compiled kernel up to SMALL_M rows, unpacked BLAS above) and the NumPy fallback:
+    # every tile shape of the kernel (1, 2, 3 rows over several panels; tiles of up to 12 rows, balanced),
+    # outputs not a multiple of the panel's 32.
     rng = np.random.default_rng(m * 1000 + n)
     x = rng.standard_normal((m, k)).astype(np.float32)
     w_in_out = rng.standard_normal((k, n)).astype(np.float32)
     b = rng.standard_normal(n).astype(np.float32)
     be = HalfBackend(fmt, threads=2)
     w = be.prepare_weight("h.0.mlp.c_fc.weight", w_in_out)
-    rounded = hb.from_bits(hb.to_bits(w_in_out, fmt), fmt).astype(np.float64)
+    rounded = _rounded(w_in_out, fmt)
     want = x.astype(np.float64) @ rounded + b
     scale = np.abs(x).sum(axis=1, keepdims=True) * np.abs(rounded).max() + 1
     got = be.linear(x[None], w, b)[0]
@@ -103,8 +110,65 @@ def test_linear_matches_float64_of_the_rounded_weights(fmt, m, n, k, monkeypatch
     np.testing.assert_allclose(be.linear(x[None], w, b)[0], got, rtol=1e-5, atol=1e-5 * float(scale.max()))
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("m", [97, 200])
+def test_kernel_product_of_many_rows_matches_float64(fmt, m, kernel_path):
+    # More rows than one pass over the weights takes (MC = 96): the kernel's row chunks, GELU included.
+    rng = np.random.default_rng(m)
+    k, n = 40, 70
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    w_in_out = rng.standard_normal((k, n)).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    w = hb.pack(w_in_out.T, fmt)
+    y = np.empty((m, n), np.float32)
+    assert hb._KERNELS.matmul(x, w.blocks, n, b, y, hb.FORMATS[fmt], 2, True)
+    want = _gelu64(x.astype(np.float64) @ _rounded(w_in_out, fmt) + b)
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_row_gets_the_same_bits_in_any_batch_and_on_either_simd_path(fmt):
+    # Each output is one FMA chain over k whatever the tile, so a sequence's logits do not depend on who
+    # shares its step; and the AVX2 and AVX-512 paths compute the same chains.
+    rng = np.random.default_rng(5)
+    k, n = 200, 300
+    x = rng.standard_normal((40, k)).astype(np.float32)
+    w = hb.pack(rng.standard_normal((n, k)).astype(np.float32), fmt)
+    b = rng.standard_normal(n).astype(np.float32)
+
+    def product(rows):
+        y = np.empty((len(rows), n), np.float32)
+        assert hb._KERNELS.matmul(np.ascontiguousarray(rows), w.blocks, n, b, y, hb.FORMATS[fmt], 2, False)
+        return y
+
+    paths = [hb._KERNELS.simd()]
+    try:
+        if paths[0] == 2 and hb._KERNELS.force_avx2(1) == 1:
+            paths.append(1)
+        results = []
+        for p in paths:
+            hb._KERNELS.force_avx2(p == 1)
+            whole = product(x)
+            for m in (1, 2, 3, 5, 16, 39):
+                np.testing.assert_array_equal(product(x[:m]), whole[:m])
+            np.testing.assert_array_equal(product(x[7:8]), whole[7:8])
+            results.append(whole)
+    finally:
+        hb._KERNELS.force_portable(0)
+    for other in results[1:]:
+        np.testing.assert_array_equal(other, results[0])
+
+
 def _rounded(w_in_out: np.ndarray, fmt: str) -> np.ndarray:
-    return hb.from_bits(hb.to_bits(w_in_out, fmt), fmt).astype(np.float64)
+    """The weights the backend holds for `w_in_out` [in, out], in float64: rounded to the 16-bit format,
+    or for int8 each output's column quantized over max |column| / 127 and multiplied back."""
+    if fmt != "int8":
+        return hb.from_bits(hb.to_bits(w_in_out, fmt), fmt).astype(np.float64)
+    scale = np.abs(w_in_out).max(axis=0) / np.float32(127)
+    scale[scale == 0] = 1
+    q = np.clip(np.round(w_in_out / scale), -127, 127)
+    assert np.all(np.abs(q * scale - w_in_out) <= scale * 0.5001)
+    return q.astype(np.float64) * scale.astype(np.float64)
 
 
 def _gelu64(x: np.ndarray) -> np.ndarray:
@@ -145,11 +209,13 @@ def test_gelu_of_the_kernel_holds_at_the_extremes(kernel_path):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("b, t, offset", [(1, 1, 0), (1, 1, 37), (2, 3, 5), (1, 8, 0), (1, 9, 4), (3, 1, 60)])
-@pytest.mark.parametrize("n_head, d", [(4, 16), (2, 12)])
+@pytest.mark.parametrize("b, t, offset", [(1, 1, 0), (1, 1, 37), (2, 3, 5), (1, 8, 0), (1, 9, 4), (3, 1, 60),
+                                          (1, 100, 0), (2, 77, 13)])
+@pytest.mark.parametrize("n_head, d", [(4, 16), (2, 12), (1, 64)])
 def test_self_attention_matches_float64_and_writes_the_cache(fmt, b, t, offset, n_head, d, kernel_path):
-    # Up to SMALL_M rows one C call writes the cache and attends (d=16: the x86 path, 12: portable);
-    # 9 rows take the composed NumPy path. Both against the composition in float64 on the rounded weights.
+    # One C call writes the cache and attends (d=16, 64: the x86 path, 12: portable); prompts of more than
+    # 64 queries attend in tiles on the AVX-512 path (d a multiple of 16) and take the composed NumPy path
+    # elsewhere. All against the composition in float64 on the rounded weights.
     from inferno.backends.numpy_backend import NumpyBackend
 
     c = n_head * d
@@ -180,7 +246,13 @@ def test_kernel_is_compiled_and_uses_simd_here():
     assert HalfBackend().compiled
     import platform
     if platform.machine() in ("x86_64", "AMD64"):
-        assert hb._KERNELS.simd() in (0, 1)
+        flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+        if re.search(r"\bavx512f\b", flags) and re.search(r"\bavx512bw\b", flags):
+            assert hb._KERNELS.simd() == 2
+        elif re.search(r"\bavx2\b", flags) and re.search(r"\bf16c\b", flags):
+            assert hb._KERNELS.simd() == 1
+        else:
+            assert hb._KERNELS.simd() in (0, 1, 2)
 
 
 def test_registered_with_its_options():
@@ -192,7 +264,7 @@ def test_registered_with_its_options():
 
 
 @pytest.mark.parametrize("spec, needle", [
-    ("half:dtype=float32", "option dtype='float32' is not supported (choose float16 or bfloat16)"),
+    ("half:dtype=float32", "option dtype='float32' is not supported (choose float16, bfloat16 or int8)"),
     ("half:threads=0", "option threads=0 must be an integer >= 1 or 'auto'"),
     ("half:threads=5000", "option threads=5000 must be at most 1024"),
 ])
@@ -234,13 +306,13 @@ def greedy_agrees(want: inferno.api.Pipeline, got_ids: list[int], prompt: str, m
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_greedy_ids_match_numpy_up_to_near_ties(model_dir, numpy_pipe, fmt):
     pipe = inferno.load(model_dir, f"half:dtype={fmt}", download=False)
-    margin = {"float16": 0.02, "bfloat16": 0.1}[fmt]
+    margin = {"float16": 0.02, "bfloat16": 0.1, "int8": 0.3}[fmt]
     for prompt in PROMPTS:
         got = pipe.generate(prompt, max_new_tokens=16, stop_at_eos=False)
         greedy_agrees(numpy_pipe, got.ids, prompt, margin)
 
 
-@pytest.mark.parametrize("fmt, tolerance", [("float16", 2e-3), ("bfloat16", 2e-2)])
+@pytest.mark.parametrize("fmt, tolerance", [("float16", 2e-3), ("bfloat16", 2e-2), ("int8", 5e-2)])
 def test_logits_match_numpy(model_dir, numpy_pipe, fmt, tolerance):
     pipe = inferno.load(model_dir, f"half:dtype={fmt}", download=False)
     ids = numpy_pipe.encode("The quick brown fox jumps over the lazy dog. " * 3)
@@ -321,7 +393,7 @@ print(status("VmHWM") - base, held)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status (Linux)")
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", SIXTEEN)
 def test_load_peak_memory_is_at_most_1_2x_the_weights_held(tmp_path, fmt):
     # inferno.load streams the file one tensor at a time and the backend converts each as it comes, so
     # the float32 weights are never all in memory: the peak is the 16-bit weights plus the largest
@@ -514,3 +586,119 @@ def test_c_functions_refuse_a_wrong_number_of_arguments(name):
     args = _decode_inputs()[name]
     with pytest.raises(TypeError, match=rf"{name}\(\) takes {len(args)} arguments \({len(args) - 1} given\)"):
         getattr(hb._KERNELS, name)(*args[:-1])
+
+
+def _ragged_case(c, n_head, rows, length, fmt="float16", seed=0):
+    """x, weights, slots and RaggedRows of a ragged step: rows = (slot, offset, tokens); every slot's
+    caches random (garbage past each row's offset, which it must overwrite or ignore)."""
+    from inferno.backends.base import RaggedRow
+
+    rng = np.random.default_rng(seed)
+    be = HalfBackend(fmt, threads=2)
+    w_attn, w_proj = (rng.standard_normal(s).astype(np.float32) * 0.3 for s in ((c, 3 * c), (c, c)))
+    b_attn, b_proj = (rng.standard_normal(n).astype(np.float32) for n in (3 * c, c))
+    packed, start = [], 0
+    for slot, offset, t in rows:
+        packed.append(RaggedRow(slot, offset, start, t))
+        start += t
+    x = rng.standard_normal((1, start, c)).astype(np.float32)
+    n_slots = max(r[0] for r in rows) + 2
+    slots = [tuple(rng.standard_normal((1, n_head, length, c // n_head)).astype(np.float32) for _ in "kv")
+             for _ in range(n_slots)]
+    weights = (be.prepare_weight("h.0.attn.c_attn.weight", w_attn), b_attn,
+               be.prepare_weight("h.0.attn.c_proj.weight", w_proj), b_proj)
+    return be, x, weights, (w_attn, b_attn, w_proj, b_proj), slots, packed
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("c, n_head", [(64, 4), (15, 3)])
+@pytest.mark.parametrize("rows", [[(0, 5, 2), (2, 11, 3), (1, 0, 1)], [(1, 3, 1)],
+                                  [(3, 0, 9), (0, 20, 1), (2, 30, 1)]])
+def test_ragged_self_attention_matches_float64_in_one_call(fmt, c, n_head, rows, kernel_path):
+    # One C call for the step (d = 16: the x86 attention; d = 5: portable), against each row's batch-1
+    # attention in float64 on the rounded weights; the caches hold the new keys and values, the rest kept.
+    from inferno.backends.numpy_backend import NumpyBackend
+    from inferno.conformance import reference as ref
+
+    be, x, weights, host, slots, packed = _ragged_case(c, n_head, rows, 32, fmt)
+    before = [tuple(a.copy() for a in kv) for kv in slots]
+    calls = []
+    original = NumpyBackend.attention
+    try:
+        NumpyBackend.attention = lambda *a: calls.append(a) or original(*a)
+        got = be.ragged_self_attention(x, *weights, slots, packed, n_head)
+    finally:
+        NumpyBackend.attention = original
+    assert not calls, "the ragged step ran NumPy's attention"
+    w_attn, b_attn, w_proj, b_proj = host
+    want, k_want, v_want = ref.ragged_self_attention(
+        x, _rounded(w_attn, fmt), b_attn, _rounded(w_proj, fmt), b_proj, n_head,
+        [(r.slot, r.offset, r.start, r.length) for r in packed], [k for k, _ in before],
+        [v for _, v in before])
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    for slot, (k, v) in enumerate(slots):
+        np.testing.assert_allclose(k, k_want[slot], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(v, v_want[slot], rtol=1e-5, atol=1e-5)
+
+
+def _ragged_args(rows=((0, 5, 2), (2, 11, 3), (1, 0, 1))):
+    be, x, weights, _, slots, packed = _ragged_case(64, 4, list(rows), 32)
+    table = np.array([(r.slot, r.offset, r.start, r.length) for r in packed], dtype=np.int64)
+    w_attn, b_attn, w_proj, b_proj = weights
+    return [x, w_attn.blocks, b_attn, w_proj.blocks, b_proj, slots, table, 4, 0, 2, np.empty_like(x)]
+
+
+def _short_cache(args):
+    slots = list(args[5])
+    slots[2] = tuple(a[:, :, :13] for a in slots[2])  # row 1 writes positions 11 .. 13
+    return slots
+
+
+RAGGED_DECLINED = [
+    (5, lambda s: tuple(s)),                                     # slot_kv not a list
+    (5, _short_cache),                                           # a cache without room for its row
+    (5, lambda s: [s[0], (s[1][0], s[1][0]), *s[2:]]),          # one array as both caches
+    (5, lambda s: [s[0], s[1][:1], *s[2:]]),                     # a slot that is not a pair
+    (6, lambda t: t[:, :3]),                                     # rows not [R, 4]
+    (6, lambda t: t.astype(np.int32)),
+    (6, lambda t: np.array([[0, 5, 0, 2], [0, 11, 2, 3], [1, 0, 5, 1]])),  # a slot twice
+    (6, lambda t: np.array([[0, 5, 0, 2], [2, 11, 3, 3], [1, 0, 6, 1]])),  # a gap between rows
+    (6, lambda t: np.array([[0, 5, 0, 2], [2, 11, 2, 3], [9, 0, 5, 1]])),  # no such slot
+    (6, lambda t: np.array([[0, 5, 0, 2], [2, 11, 2, 3]])),                # rows cover 5 of 6 tokens
+]
+
+
+@pytest.mark.parametrize("i, change", RAGGED_DECLINED)
+def test_ragged_self_attention_declines_what_it_does_not_take(i, change):
+    # The backend then runs the default composition: nothing may have been computed or written.
+    args = _ragged_args()
+    slots = args[5]
+    args[i] = change(args if i == 5 and change is _short_cache else args[i])
+    args[10] = np.full_like(args[10], 7.0)
+    assert hb._KERNELS.ragged_self_attention(*args) is False
+    assert (args[10] == 7.0).all()
+    for kv, fresh in zip(slots, _ragged_args()[5], strict=True):
+        for a, b in zip(kv, fresh, strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_batched_rows_get_the_ids_of_their_batch_1_runs(model_dir, fmt, monkeypatch):
+    # Through the engine (forward_ragged, every step in the C kernels) each sequence gets the greedy ids
+    # it gets alone, not merely up to near-ties: its products, attention and norms are the same
+    # arithmetic, bit for bit, whoever shares the step.
+    from inferno.backends.numpy_backend import NumpyBackend
+
+    pipe = inferno.load(model_dir, f"half:dtype={fmt}", download=False)
+    alone = [pipe.generate(p, max_new_tokens=8, stop_at_eos=False).ids for p in PROMPTS]
+
+    def refused(name):
+        def kernel(*args, **kwargs):
+            raise AssertionError(f"NumPy's {name} ran in a ragged step")
+        return kernel
+
+    for name in ("layernorm", "attention", "self_attention", "ragged_self_attention", "mlp", "linear",
+                 "lm_head", "gelu_new"):
+        monkeypatch.setattr(NumpyBackend, name, refused(name))
+    together = [r.ids for r in pipe.generate_batch(PROMPTS, max_new_tokens=8, stop_at_eos=False)]
+    assert together == alone
