@@ -12,7 +12,7 @@ head. This times those products alone, best of `--repeat` runs, in several ways:
 * ``T``: ``(w.T @ x.T).T`` with w.T row-major (the big matrix as BLAS's A operand);
 * ``split-N`` / ``split-M``: our own two threads each take half of the outputs / of the rows, BLAS on one
   thread each (what cpu-threaded could do);
-* ``half`` / ``half-i8`` (where the inferno-half plugin is installed): its kernel on the same weights
+* ``half`` / ``half-i8`` (where the inferno-gpt2-half plugin is installed): its kernel on the same weights
   packed in float16 / int8 panels, on two threads (one pass over each panel serves every row);
 
 and the head as numpy runs it (``x @ wte.T``, wte in Fortran order). With `--coretypes`, each OpenBLAS
@@ -75,7 +75,7 @@ def _blocks(kind: str, xs: list, blocks: list, fortran: list, pool: ThreadPoolEx
 
 
 def _half_blocks(kernels, xs: list, packed: list, code: int) -> None:
-    """The 48 block products through inferno-half's kernel (two threads)."""
+    """The 48 block products through inferno-gpt2-half's kernel (two threads)."""
     for layer in packed:
         for x, w in zip(xs, layer, strict=True):
             y = np.empty((x.shape[0], w.rows[0]), np.float32)
@@ -83,7 +83,7 @@ def _half_blocks(kernels, xs: list, packed: list, code: int) -> None:
 
 
 def _half():
-    """inferno-half's backend module, or None where the plugin (or its compiled kernels) is missing."""
+    """inferno-gpt2-half's backend module, or None where the plugin (or its compiled kernels) is missing."""
     try:
         import inferno_half.backend as hb
     except ImportError:

@@ -292,6 +292,7 @@ def numpy_pipe(model_dir):
 def greedy_agrees(want: inferno.api.Pipeline, got_ids: list[int], prompt: str, margin: float) -> None:
     """`got_ids` equals numpy's greedy ids, or first differs where numpy's top two logits are within
     `margin` of each other (a near-tie, which 16-bit weights may break the other way)."""
+    assert got_ids, f"no ids generated for {prompt!r}: nothing to compare"
     ids = want.encode(prompt)
     for i, token in enumerate(got_ids):
         logits = want.logits(ids)[-1]
@@ -309,6 +310,7 @@ def test_greedy_ids_match_numpy_up_to_near_ties(model_dir, numpy_pipe, fmt):
     margin = {"float16": 0.02, "bfloat16": 0.1, "int8": 0.3}[fmt]
     for prompt in PROMPTS:
         got = pipe.generate(prompt, max_new_tokens=16, stop_at_eos=False)
+        assert len(got.ids) == 16, got.ids
         greedy_agrees(numpy_pipe, got.ids, prompt, margin)
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from inferno.config import Gpt2Config
+from inferno.testing import random_state_dict
 from safetensors.numpy import save_file
 
 HERE = Path(__file__).resolve().parent
@@ -27,25 +28,9 @@ CONFIG = Gpt2Config(vocab_size=50257, n_positions=64, n_embd=64, n_layer=2, n_he
 
 
 def random_weights(config: Gpt2Config, seed: int = 0) -> dict[str, np.ndarray]:
-    """Random float32 weights under the Hub's names; every tensor (biases, gains too) is random, so a
-    kernel that drops or swaps one changes the logits."""
-    rng = np.random.default_rng(seed)
-    c, v, p = config.n_embd, config.vocab_size, config.n_positions
-
-    def normal(shape, scale: float, loc: float = 0.0) -> np.ndarray:
-        return (loc + scale * rng.standard_normal(shape)).astype(np.float32)
-
-    w = {"wte.weight": normal((v, c), 0.5), "wpe.weight": normal((p, c), 0.3),
-         "ln_f.weight": normal(c, 0.2, 1.0), "ln_f.bias": normal(c, 0.2)}
-    for i in range(config.n_layer):
-        for ln in ("ln_1", "ln_2"):
-            w[f"h.{i}.{ln}.weight"] = normal(c, 0.2, 1.0)
-            w[f"h.{i}.{ln}.bias"] = normal(c, 0.2)
-        for name, n_in, n_out in (("attn.c_attn", c, 3 * c), ("attn.c_proj", c, c),
-                                  ("mlp.c_fc", c, 4 * c), ("mlp.c_proj", 4 * c, c)):
-            w[f"h.{i}.{name}.weight"] = normal((n_in, n_out), n_in**-0.5)
-            w[f"h.{i}.{name}.bias"] = normal(n_out, 0.2)
-    return w
+    """Random float32 weights under the Hub's names (inferno's one maker): every tensor (biases, gains
+    too) is random, so a kernel that drops or swaps one changes the logits."""
+    return random_state_dict(config, seed)
 
 
 def write_model_dir(directory: Path, config: Gpt2Config, seed: int = 0) -> Path:
