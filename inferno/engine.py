@@ -171,6 +171,15 @@ class Handle:
             fn(self)
 
 
+@dataclass(frozen=True)
+class RunningSequence:
+    """One running sequence as `Engine.running_sequences` reports it."""
+
+    handle: Handle
+    slot: int
+    cached: int
+
+
 @dataclass
 class _Sequence:
     handle: Handle
@@ -330,6 +339,17 @@ class Engine:
     @property
     def free_slots(self) -> int:
         return len(self._free)
+
+    def running_sequences(self) -> list[RunningSequence]:
+        """What each running sequence holds, in step order: its handle, its KV slot and how many of its
+        tokens that slot has cached (a read-only copy, for monitoring and tests)."""
+        with self._cv:
+            return [RunningSequence(q.handle, q.slot, q.cached) for q in self._running]
+
+    def free_slot_ids(self) -> list[int]:
+        """The KV slots no sequence holds, the next one to be taken first."""
+        with self._cv:
+            return self._free[::-1]
 
     # --------------------------------------------------------------------------------- the loop
 

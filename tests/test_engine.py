@@ -322,7 +322,7 @@ def test_cancelled_group_members(pipe, when):
     leader, stays, leaves = engine.submit_many(prompt, 5, options)
     if when == "prefilling":
         engine.step()  # admitted; two of its prompt tokens are in
-        assert engine.running == 1 and 0 < engine._running[0].cached < len(prompt)
+        assert engine.running == 1 and 0 < engine.running_sequences()[0].cached < len(prompt)
     leader.cancel()
     leaves.cancel()
     for _ in range(100):
@@ -700,7 +700,7 @@ def test_a_sequence_cancelled_in_its_prefill_frees_its_slot_at_once(pipe):
     h.cancel()
     engine.step()
     assert h.finish_reason == "cancelled" and h.state.ids == []
-    assert [q.handle for q in engine._running] == [later] and engine.waiting == 0
+    assert [q.handle for q in engine.running_sequences()] == [later] and engine.waiting == 0
     assert engine.stats.prompt_tokens == 3 and engine.stats.finished == {"cancelled": 1}
     _drain(engine)
     assert later.result().ids == pipe.generate([7], max_new_tokens=2, stop_at_eos=False).ids
@@ -734,12 +734,12 @@ def test_decode_rows_behind_prefills_out_of_budget_still_run(pipe):
     g, f = engine.submit_many([1], 3, options)
     x, w = engine.submit([2, 3, 4], 2), engine.submit([5, 6, 7], 2)
     engine.step()
-    assert [q.handle for q in engine._running] == [g, x, w, f]
+    assert [q.handle for q in engine.running_sequences()] == [g, x, w, f]
     assert engine.stats.rows == 1 and len(g.state.ids) == len(f.state.ids) == 1
     engine.step()
     assert engine.stats.rows == 4 and engine.stats.prompt_tokens == 2 and engine.stats.tokens == 4
     assert len(g.state.ids) == len(f.state.ids) == 2 and x.state.ids == w.state.ids == []
-    assert [q.cached for q in engine._running] == [2, 1, 0, 2]
+    assert [q.cached for q in engine.running_sequences()] == [2, 1, 0, 2]
     _drain(engine)
     for seed, h in enumerate((g, f)):
         alone = pipe.generate([1], max_new_tokens=3, stop_at_eos=False, temperature=1.0, seed=seed)
@@ -788,7 +788,7 @@ def test_the_lowest_free_slot_is_taken_first(pipe):
     engine = Engine(pipe.model, slots=3, autostart=False)
     engine.submit([1], 3), engine.submit([2], 3)
     engine.step()
-    assert [q.slot for q in engine._running] == [0, 1] and engine._free == [2]
+    assert [q.slot for q in engine.running_sequences()] == [0, 1] and engine.free_slot_ids() == [2]
     engine.close()
 
 
@@ -914,16 +914,17 @@ def test_a_leader_that_left_frees_its_slot_and_the_others_in_its_step_go_on(pipe
     leader.cancel()
     engine.step()
     assert leader.finish_reason == "cancelled" and len(follower.state.ids) == 1 and len(x.state.ids) == 1
-    assert engine.stats.tokens == 2 and engine.stats.prompt_tokens == 6 and engine._free == [0]
+    assert engine.stats.tokens == 2 and engine.stats.prompt_tokens == 6 and engine.free_slot_ids() == [0]
     y = engine.submit([6, 7], 3)
     engine.step()
-    assert [q.handle for q in engine._running] == [x, follower, y] and engine._running[2].slot == 0
+    running = engine.running_sequences()
+    assert [q.handle for q in running] == [x, follower, y] and running[2].slot == 0
     _drain(engine)
     alone = pipe.generate(prompt, max_new_tokens=3, stop_at_eos=False, temperature=1.0, seed=1)
     assert follower.result().ids == alone.ids
     for p, h in (([5], x), ([6, 7], y)):
         assert h.result().ids == pipe.generate(p, max_new_tokens=3, stop_at_eos=False).ids
-    assert sorted(engine._free) == [0, 1, 2]
+    assert sorted(engine.free_slot_ids()) == [0, 1, 2]
     engine.close()
 
 
@@ -936,12 +937,12 @@ def test_an_ended_sequence_holds_no_slot_and_no_followers(pipe):
     ended, leader = engine._waiting
     seqs = [ended, leader, *leader.followers]
     engine.step()  # `done` runs its one token and ends; the group is half prefilled
-    assert done.finish_reason == "length" and [q.handle for q in engine._running] == [handles[0]]
+    assert done.finish_reason == "length" and [q.handle for q in engine.running_sequences()] == [handles[0]]
     _step_with_a_failing_forward(engine)
     assert all(isinstance(h.error, RuntimeError) for h in handles)
     for q in seqs:
         assert q.slot < 0 and q.followers == [] and q.size == 1
-    assert engine.free_slots == 3 and sorted(engine._free) == [0, 1, 2]
+    assert engine.free_slots == 3 and sorted(engine.free_slot_ids()) == [0, 1, 2]
     engine.close()
 
 
