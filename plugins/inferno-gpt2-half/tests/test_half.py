@@ -404,7 +404,8 @@ def test_load_peak_memory_is_at_most_1_2x_the_weights_held(tmp_path, fmt):
     import json
     import shutil
 
-    from inferno.bench import GPT2_124M, random_weights
+    from inferno.config import GPT2_124M
+    from inferno.testing import random_weights
 
     directory = tmp_path / "model"
     directory.mkdir()

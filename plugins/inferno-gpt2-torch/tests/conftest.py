@@ -6,18 +6,15 @@ both backends run it in milliseconds.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 from inferno.config import Gpt2Config
-from inferno.testing import random_state_dict
-from safetensors.numpy import save_file
+from inferno.testing import make_model_dir
 
 HERE = Path(__file__).resolve().parent
 # This plugin lives in inferno's repository; a plugin elsewhere would point at its own copy of gpt2/.
@@ -27,23 +24,13 @@ CONFIG = Gpt2Config(vocab_size=50257, n_positions=64, n_embd=64, n_layer=2, n_he
                     bos_token_id=50256, eos_token_id=50256)
 
 
-def random_weights(config: Gpt2Config, seed: int = 0) -> dict[str, np.ndarray]:
-    """Random float32 weights under the Hub's names (inferno's one maker): every tensor (biases, gains
-    too) is random, so a kernel that drops or swaps one changes the logits."""
-    return random_state_dict(config, seed)
 
 
 def write_model_dir(directory: Path, config: Gpt2Config, seed: int = 0) -> Path:
-    """config.json, model.safetensors and the real tokenizer.json: a folder `inferno.load` accepts."""
+    """A random model (inferno's one maker) with the real tokenizer.json: a folder `inferno.load` accepts."""
     if not TOKENIZER_JSON.is_file():
         pytest.skip(f"needs GPT-2's tokenizer.json at {TOKENIZER_JSON}")
-    directory.mkdir(parents=True, exist_ok=True)
-    keys = ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "bos_token_id", "eos_token_id")
-    config_json = {key: getattr(config, key) for key in keys}
-    config_json.update(model_type="gpt2", n_ctx=config.n_positions, activation_function="gelu_new",
-                       layer_norm_epsilon=config.layer_norm_epsilon)
-    (directory / "config.json").write_text(json.dumps(config_json, indent=2))
-    save_file(random_weights(config, seed), str(directory / "model.safetensors"))
+    directory, _, _ = make_model_dir(directory, config, seed=seed)
     shutil.copy(TOKENIZER_JSON, directory / "tokenizer.json")
     return directory
 

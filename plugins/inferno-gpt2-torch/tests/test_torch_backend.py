@@ -284,7 +284,8 @@ def test_load_peak_memory_is_at_most_1_2x_the_weights_held(tmp_path, dtype, held
     import subprocess
     import sys
 
-    from inferno.bench import GPT2_124M, random_weights
+    from inferno.config import GPT2_124M
+    from inferno.testing import random_weights
     from safetensors.numpy import save_file
 
     if not TorchBackend(device="cpu").onednn:
