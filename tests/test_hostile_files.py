@@ -120,3 +120,34 @@ def test_a_logprobs_flag_out_of_range_says_the_range_only(env, model_dir):
     proc = run_inferno(["--logprobs", "21", "--json", "Hi", "-m", str(model_dir)], env)
     assert_one_line_error(proc, "--logprobs: must be an integer in [0, 20], got 21")
     assert "None" not in proc.stderr
+
+
+def test_a_full_disk_keeps_whole_lines_and_says_how_many(tmp_path, env, model_dir, monkeypatch):
+    """The disk fills in the middle of the third result: OUT keeps what it had and the two whole lines
+    of this run, never a partial one, and the message names OUT and the count; a rerun resumes."""
+    import errno
+
+    import inferno.jobs.output as output
+
+    src = requests_file(tmp_path, [f'{{"id": {i}, "prompt": "Hi", "max_new_tokens": 2}}' for i in range(5)])
+    out = tmp_path / "out.jsonl"
+    out.write_text('{"id": "old"}\n')
+    real_write, calls = os.write, []
+
+    def full_disk(fd, data):
+        calls.append(fd)
+        if len(calls) == 3:  # half of the third line reaches the file, then the disk is full
+            real_write(fd, bytes(data[: len(data) // 2]))
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(output.os, "write", full_disk)
+    proc = run_inferno(["batch", str(src), "-o", str(out), "-m", str(model_dir), "--slots", "1"], env)
+    assert_one_line_error(proc, f"-o {out}: cannot write (No space left on device); 2 results")
+    lines = out.read_text().splitlines(keepends=True)
+    assert all(line.endswith("\n") for line in lines) and len(lines) == 3
+    assert json.loads(lines[0]) == {"id": "old"}
+    monkeypatch.setattr(output.os, "write", real_write)
+    again = run_inferno(["batch", str(src), "-o", str(out), "-m", str(model_dir)], env)
+    assert again.returncode == 0, again.stderr
+    assert sorted(json.loads(line)["id"] for line in out.read_text().splitlines()[1:]) == [0, 1, 2, 3, 4]

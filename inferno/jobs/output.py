@@ -74,11 +74,19 @@ def _output_id(raw: bytes) -> tuple[str | int | None, str]:
 class Output:
     """Appends whole lines to OUT: one `os.write` per line, so a line is in the file entirely or not at all
     (a line written across several calls only if the OS returns a short write, which it does not for
-    regular files). Never truncates."""
+    regular files). Nothing that was in OUT is ever truncated: a write that fails (a full disk) takes
+    back only the part of its own line that reached the file, and is a `JobError` saying how many
+    results this run kept."""
 
     def __init__(self, path: Path, needs_newline: bool) -> None:
-        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_BINARY", 0), 0o666)
+        self.path = path
+        try:
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_BINARY", 0)
+            self.fd = os.open(path, flags, 0o666)
+        except OSError as exc:
+            raise JobError(f"-o {path}: cannot open it for writing: {exc.strerror or exc}") from None
         self.prefix = b"\n" if needs_newline else b""
+        self.lines = 0  # lines this run wrote whole
 
     def write(self, obj: dict[str, Any]) -> None:
         self.write_line(json.dumps(obj))
@@ -87,9 +95,19 @@ class Output:
         """One line already serialized by `json.dumps` (ASCII), written whole."""
         data = self.prefix + line.encode("ascii") + b"\n"
         view = memoryview(data)
-        while view:
-            view = view[os.write(self.fd, view):]
+        start = os.lseek(self.fd, 0, os.SEEK_END)
+        try:
+            while view:
+                view = view[os.write(self.fd, view):]
+        except OSError as exc:
+            try:
+                os.ftruncate(self.fd, start)  # no partial line: a rerun resumes after the last whole one
+            except OSError:
+                pass
+            raise JobError(f"-o {self.path}: cannot write ({exc.strerror or exc}); {self.lines} results of "
+                           "this run were kept, and the same command resumes after them") from None
         self.prefix = b""
+        self.lines += 1
 
     def close(self) -> None:
         os.close(self.fd)
