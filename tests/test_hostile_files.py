@@ -151,3 +151,35 @@ def test_a_full_disk_keeps_whole_lines_and_says_how_many(tmp_path, env, model_di
     again = run_inferno(["batch", str(src), "-o", str(out), "-m", str(model_dir)], env)
     assert again.returncode == 0, again.stderr
     assert sorted(json.loads(line)["id"] for line in out.read_text().splitlines()[1:]) == [0, 1, 2, 3, 4]
+
+
+def test_ctrl_c_in_the_middle_of_a_write_finishes_that_line_and_counts_it(tmp_path, env, model_dir):
+    """SIGINT arrives while the second result is being written: that line is finished and counted, the
+    command exits 130 with its summary, and OUT holds only whole lines (a rerun resumes)."""
+    import signal
+
+    import inferno.jobs.output as output
+
+    src = requests_file(tmp_path, [f'{{"id": {i}, "prompt": "Hi", "max_new_tokens": 2}}' for i in range(6)])
+    out = tmp_path / "out.jsonl"
+    real_write, calls = os.write, []
+
+    def interrupted_write(fd, data):
+        calls.append(fd)
+        if len(calls) == 2:  # Ctrl-C between the two halves of the second line
+            written = real_write(fd, bytes(data[: len(data) // 2]))
+            os.kill(os.getpid(), signal.SIGINT)
+            return written
+        return real_write(fd, data)
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal's process
+    output.os.write = interrupted_write
+    try:
+        proc = run_inferno(["batch", str(src), "-o", str(out), "-m", str(model_dir), "--slots", "1"], env)
+    finally:
+        output.os.write = real_write
+        signal.signal(signal.SIGINT, previous)
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == f"[interrupted: 2 of 6 requests written to {out}]"
+    lines = out.read_text().splitlines(keepends=True)
+    assert len(lines) == 2 and all(json.loads(line)["new_tokens"] == 2 for line in lines)
