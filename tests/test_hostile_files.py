@@ -183,3 +183,11 @@ def test_ctrl_c_in_the_middle_of_a_write_finishes_that_line_and_counts_it(tmp_pa
     assert proc.stderr.strip().splitlines()[-1] == f"[interrupted: 2 of 6 requests written to {out}]"
     lines = out.read_text().splitlines(keepends=True)
     assert len(lines) == 2 and all(json.loads(line)["new_tokens"] == 2 for line in lines)
+
+
+def test_an_out_that_cannot_be_written_names_itself(tmp_path, env, model_dir):
+    src = requests_file(tmp_path, GOOD)
+    proc = run_inferno(["batch", str(src), "-o", "/proc/version", "-m", str(model_dir)], env)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    # (first, the resume's note that the file's text is not an output line)
+    assert proc.stderr.splitlines()[-1].startswith("inferno batch: error: -o /proc/version: cannot write")

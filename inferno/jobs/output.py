@@ -95,13 +95,15 @@ class Output:
         """One line already serialized by `json.dumps` (ASCII), written whole."""
         data = self.prefix + line.encode("ascii") + b"\n"
         view = memoryview(data)
-        start = os.lseek(self.fd, 0, os.SEEK_END)
+        start = None
         try:
+            start = os.lseek(self.fd, 0, os.SEEK_END)
             while view:
                 view = view[os.write(self.fd, view):]
         except OSError as exc:
             try:
-                os.ftruncate(self.fd, start)  # no partial line: a rerun resumes after the last whole one
+                if start is not None:
+                    os.ftruncate(self.fd, start)  # no partial line: a rerun resumes after the last whole one
             except OSError:
                 pass
             raise JobError(f"-o {self.path}: cannot write ({exc.strerror or exc}); {self.lines} results of "
