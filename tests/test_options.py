@@ -234,10 +234,21 @@ def test_pipeline_logprobs(pipe):
 
 # --- stop strings ---------------------------------------------------------------------------------
 
+def _whole_pieces(pipe, kwargs: dict) -> tuple:
+    """A sampled run whose first five tokens each decode to whole characters, and their pieces: which
+    seed gives one depends on the BLAS's float rounding, so the test looks for it from seed 5."""
+    for seed in range(5, 105):
+        plain = pipe.generate("Once upon a time", **kwargs, seed=seed)
+        pieces = [pipe.tokenizer.decode([i]) for i in plain.ids]
+        if len(pieces) >= 5 and all(p and "\ufffd" not in p for p in pieces[:5]) and len(pieces[2]) >= 2:
+            return seed, plain, pieces
+    raise AssertionError("no seed in 5..104 gives five whole-character tokens")
+
+
 def test_stop_string_spanning_tokens_and_starting_mid_token(pipe):
-    kwargs = dict(max_new_tokens=24, temperature=1.0, seed=5, stop_at_eos=False)
-    plain = pipe.generate("Once upon a time", **kwargs)
-    pieces = [pipe.tokenizer.decode([i]) for i in plain.ids]
+    kwargs = dict(max_new_tokens=24, temperature=1.0, stop_at_eos=False)
+    seed, plain, pieces = _whole_pieces(pipe, kwargs)
+    kwargs["seed"] = seed
     assert "".join(pieces) == plain.text and len(pieces[2]) >= 2, pieces  # a stop can start inside the third
     start = len(pieces[0]) + len(pieces[1]) + 1  # one character into the third token ...
     stop = plain.text[start : start + len(pieces[2]) + 1]  # ... and into the fourth
