@@ -3,6 +3,7 @@
     python benches/sixteen_bit.py                    # 5 interleaved rounds
     python benches/sixteen_bit.py --rounds 9 --steps 64 --json out.json
     python benches/sixteen_bit.py --accuracy         # each format's logits and greedy ids against float32
+    python benches/sixteen_bit.py --xl --backends numpy half half:dtype=int8   # GPT-2 XL shape, peak RSS
 
 Backends (each skipped with a note when not installed): `numpy` (float32, the baseline), `torch` in
 float32 and bfloat16 (the inferno-gpt2-torch plugin: oneDNN-packed weights on the CPU), and `half` with
@@ -21,6 +22,11 @@ weights: the logits of a prompt of 8 tokens and the 256 tokens float32 generates
 (teacher-forced: the max |logit error| over max |logit|, and the share of those 256 positions whose
 argmax is float32's), and the backend's own free-running greedy run (how many of the 256 tokens match
 before the first difference).
+
+`--xl` runs the GPT-2 XL shape (1.5B parameters): random weights written once to a safetensors file,
+then each backend in a fresh process that loads it as `inferno.load` does (streamed, one tensor at a
+time) and reports its peak RSS over the bytes of weights it holds, its batch-1 decode and its 16-sequence
+aggregate decode (through the engine; one round each, `--steps` steps).
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from inferno.backends.registry import (
     parse_backend_spec,
 )
 from inferno.bench import GPT2_124M, prompt_ids, random_weights
+from inferno.config import Gpt2Config
 from inferno.model import Gpt2
 
 SPECS = ("numpy", "torch:device=cpu", "torch:device=cpu,dtype=bfloat16", "half", "half:dtype=bfloat16",
@@ -140,6 +147,71 @@ def accuracy(models: dict[str, Gpt2], steps: int = 256) -> list[dict]:
     return rows
 
 
+GPT2_XL = Gpt2Config(vocab_size=50257, n_positions=1024, n_embd=1600, n_layer=48, n_head=25)
+
+
+def _rss(key: str) -> int:
+    for line in open("/proc/self/status"):
+        if line.startswith(key):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def xl_child(path: str, spec: str, steps: int) -> dict:
+    """One backend on the XL file: load (streamed), peak RSS, batch-1 decode ms, 16-sequence tok/s."""
+    from inferno.engine import Engine
+    from inferno.weights import iter_weights
+
+    name, opts = parse_backend_spec(spec)
+    be = get_backend(name, **opts)
+    base = _rss("VmRSS")
+    model = Gpt2.from_weights(GPT2_XL, iter_weights(path, GPT2_XL, be.weight_order), be)
+    peak = _rss("VmHWM") - base
+    held = weight_bytes(model)
+    decode = decode_ms(model, prompt_ids(64, GPT2_XL.vocab_size), steps)
+    engine = Engine(model, slots=16, prefill_chunk=128, autostart=False)
+    for i in range(16):
+        engine.submit(prompt_ids(8, GPT2_XL.vocab_size, seed=i), steps + 1)
+    engine.step()
+    times = []
+    for _ in range(steps):
+        start = CLOCK()
+        engine.step()
+        times.append(CLOCK() - start)
+    engine.close()
+    return {"backend": spec, "held_MB": held / 1e6, "peak_rss_MB": peak / 1e6, "decode_tok_s": 1e3 / decode,
+            "seq16_tok_s": 16 / statistics.median(times)}
+
+
+def xl(specs: list[str], steps: int) -> int:
+    import subprocess
+    import tempfile
+
+    from safetensors.numpy import save_file
+
+    with tempfile.TemporaryDirectory(prefix="inferno-xl-") as tmp:
+        path = os.path.join(tmp, "model.safetensors")
+        save_file(random_weights(GPT2_XL), path)
+        rows = []
+        for spec in specs:
+            out = subprocess.run([sys.executable, __file__, "--xl-child", path, spec, "--steps", str(steps)],
+                                 capture_output=True, text=True)
+            if out.returncode:
+                print(f"{spec} failed:\n{out.stderr}", file=sys.stderr)
+                continue
+            rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+            print(f"{spec} done", file=sys.stderr)
+    from inferno.blas import line as blas_line
+
+    print(f"\nGPT-2 XL shape (1.5B), random weights; one run of {steps} steps each; {blas_line()}")
+    print("| backend | weights held MB | peak RSS MB | peak / held | decode tok/s | 16 sequences tok/s |")
+    print("| --- | --: | --: | --: | --: | --: |")
+    for r in rows:
+        print(f"| {r['backend']} | {r['held_MB']:.0f} | {r['peak_rss_MB']:.0f} | "
+              f"{r['peak_rss_MB'] / r['held_MB']:.2f} | {r['decode_tok_s']:.1f} | {r['seq16_tok_s']:.1f} |")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=5)
@@ -152,7 +224,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cpu-time", action="store_true", help="time in process CPU seconds, BLAS on one "
                    "thread: give each backend one thread (e.g. half:threads=1); far less disturbed by "
                    "neighbours on a shared machine than wall time")
+    p.add_argument("--xl", action="store_true", help="the GPT-2 XL shape: peak RSS, decode, 16 sequences")
+    p.add_argument("--xl-child", nargs=2, metavar=("FILE", "SPEC"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.xl_child:
+        print(json.dumps(xl_child(args.xl_child[0], args.xl_child[1], args.steps)))
+        return 0
+    if args.xl:
+        return xl(args.backends, args.steps)
     if args.cpu_time:
         global CLOCK
         CLOCK = time.process_time

@@ -14,6 +14,8 @@ head. This times those products alone, best of `--repeat` runs, in several ways:
   thread each (what cpu-threaded could do);
 * ``half`` / ``half-i8`` (where the inferno-gpt2-half plugin is installed): its kernel on the same weights
   packed in float16 / int8 panels, on two threads (one pass over each panel serves every row);
+* ``unpacked``: the float16 panels unpacked to a float32 [in, out] matrix per product, then BLAS (the
+  other way to run a prefill on 16-bit weights: ``--rows 64,1000`` compares them);
 
 and the head as numpy runs it (``x @ wte.T``, wte in Fortran order). With `--coretypes`, each OpenBLAS
 kernel (``OPENBLAS_CORETYPE``) runs in a fresh process. Columns: ms for the 48 block products, and
@@ -82,6 +84,16 @@ def _half_blocks(kernels, xs: list, packed: list, code: int) -> None:
             kernels.matmul(x, w.blocks, w.rows[0], None, y, code, 2, False)
 
 
+def _unpacked_blocks(kernels, xs: list, packed: list) -> None:
+    """The 48 block products on float16 panels unpacked to float32 per product, then BLAS."""
+    for layer in packed:
+        for x, w in zip(xs, layer, strict=True):
+            n, k = w.rows
+            t = np.empty((k, w.blocks.shape[0] * 32), np.float32)
+            kernels.unpack_t(w.blocks, n, 0, w.blocks.shape[0], k, t, 0, 2)
+            x @ (t if t.shape[1] == n else t[:, :n])
+
+
 def _half():
     """inferno-gpt2-half's backend module, or None where the plugin (or its compiled kernels) is missing."""
     try:
@@ -112,6 +124,8 @@ def measure(rows: list[int], repeat: int) -> dict:
             if fmt in packed:
                 run = partial(_half_blocks, hb._KERNELS, xs, packed[fmt], hb.FORMATS[fmt])
                 row[kind] = best_ms(run, repeat)
+        if "float16" in packed:
+            row["unpacked"] = best_ms(partial(_unpacked_blocks, hb._KERNELS, xs, packed["float16"]), repeat)
         row["head"] = best_ms(partial(_product, xh, wte.T), repeat)
         results[m] = row
         cells = [f"{k} {v:6.1f} ms ({m * BLOCK_FLOP / v / 1e6:4.0f} GF/s)"
