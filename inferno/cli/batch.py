@@ -90,7 +90,7 @@ def _parser() -> argparse.ArgumentParser:
         help="sequences generated at once (default: the number of requests, at most 16)")
     arg("--prefill-chunk", metavar="N", type=positive,
         help="prompt tokens run per engine step (default 64)")
-    arg("--max-new-tokens", metavar="N", type=non_negative, default=50,
+    arg("-n", "--max-new-tokens", metavar="N", type=non_negative, default=50,
         help="tokens to generate for requests that do not say (50)")
     arg("--ignore-eos", action="store_true",
         help="keep generating past <|endoftext|> in requests that do not set stop_at_eos")

@@ -44,8 +44,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--backends", metavar="A,B,...",
                    help="backends to measure, with options (numpy,cpu-threaded:threads=2); default: every "
                    "usable one. numpy is always measured: it is the baseline")
-    p.add_argument("--model-dir", help="use the real weights in this folder (default: ./gpt2 or the "
-                   "Hugging Face cache if present, else random weights of the 124M shape)")
+    p.add_argument("-m", "--model", "--model-dir", dest="model_dir", metavar="NAME",
+                   help="measure on this model's weights: a folder, a Hub name already in the cache, or "
+                   "random (default: gpt2 if it is in the Hugging Face cache, else random weights of the "
+                   "124M shape)")
     p.add_argument("--prompt-tokens", type=_positive, default=64, help="prompt length (default 64)")
     p.add_argument("--new-tokens", type=_positive, default=32, help="tokens to generate (default 32)")
     p.add_argument("--repeat", type=_positive, default=3, help="timed runs per backend (default 3)")
