@@ -244,8 +244,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def _median_row(rows: list[dict]) -> dict:
     """Each number of a level's row, the median over repeats."""
-    return {key: statistics.median(r[key] for r in rows) if isinstance(rows[0][key], int | float)
-            else rows[0][key] for key in rows[0]}
+    out = {}
+    for key, first in rows[0].items():
+        if isinstance(first, int | float):
+            median = statistics.median(r[key] for r in rows)
+            out[key] = round(median) if isinstance(first, int) else median
+        else:
+            out[key] = first
+    return out
 
 if __name__ == "__main__":
     sys.exit(main())
