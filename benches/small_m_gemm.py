@@ -40,7 +40,7 @@ SHAPES = ((768, 2304), (768, 768), (768, 3072), (3072, 768))  # [in, out] of c_a
 LAYERS, VOCAB, C = 12, 50257, 768
 BLOCK_FLOP = 2 * LAYERS * sum(i * o for i, o in SHAPES)  # per row
 HEAD_FLOP = 2 * C * VOCAB
-#: The clock and inferno-half's threads: wall time and 2, or with --cpu-time CPU time and 1 (BLAS too).
+#: The clock and inferno-gpt2-half's threads: wall time and 2, or with --cpu-time CPU time and 1 (BLAS too).
 CLOCK, THREADS = time.perf_counter, 2
 
 

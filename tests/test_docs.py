@@ -21,11 +21,6 @@ DOCS = ROOT / "docs"
 README = ROOT / "README.md"
 PAGES = sorted([README, *DOCS.glob("*.md")])
 
-#: Pages that other branches of issue 26 add (serving, models, llm, the half plugin's benchmarks).
-#: Links to them are allowed while they are missing; once one exists, remove it here (see below).
-PENDING = {"benchmarks-half.md"}
-
-
 def text(path: Path) -> str:
     return path.read_text(encoding="utf-8")
 
@@ -115,23 +110,15 @@ def test_links_resolve(page):
         path, _, anchor = target.partition("#")
         dest = (page.parent / path).resolve() if path else page
         if not dest.exists():
-            if dest.name in PENDING and dest.parent == DOCS:
-                continue
             bad.append(f"{target}: no such file")
         elif anchor and dest.suffix == ".md" and anchor not in _anchors(text(dest)):
             bad.append(f"{target}: no heading #{anchor} in {dest.name}")
     assert not bad, f"{page.name}: " + "; ".join(bad)
 
 
-@pytest.mark.parametrize("name", sorted(PENDING))
-def test_pending_pages_are_still_pending(name):
-    # Once another branch's page is merged, its links must be checked like the rest.
-    assert not (DOCS / name).exists(), f"docs/{name} exists now: remove it from PENDING in this file"
-
-
 def test_the_index_lists_every_page():
     index = text(DOCS / "README.md")
-    for page in [*DOCS.glob("*.md"), *(DOCS / n for n in PENDING)]:
+    for page in DOCS.glob("*.md"):
         if page.name != "README.md":
             assert f"]({page.name})" in index, f"docs/README.md does not link {page.name}"
 
