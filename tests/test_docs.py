@@ -343,11 +343,8 @@ def test_few_lines_of_code_hold_a_measured_figure():
     # point there. A few lines may keep a figure that is a message string, not a measurement.
     figure = re.compile(r"[0-9](\.[0-9]+)? ?(ms|us|µs|tok/s|GB/s|MB/s|GFLOP)|[0-9]\.[0-9]+x\b"
                         r"|medians? of|paired (runs|rounds)")
-    files = {*ROOT.glob("inferno/**/*.py"), *ROOT.glob("plugins/*/*/**/*.py"), *ROOT.glob("plugins/*/*.c")}
-    # plugins/inferno-gpt2-half is being cleaned on another branch of issue 26: not counted here yet.
-    half = ROOT / "plugins" / "inferno-gpt2-half"
-    found = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
-             for path in sorted(files) if half not in path.parents
+    files = {*ROOT.glob("inferno/**/*.py"), *ROOT.glob("plugins/*/*/**/*.py"), *ROOT.glob("plugins/**/*.c")}
+    found = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}" for path in sorted(files)
              for number, line in enumerate(text(path).splitlines(), 1) if figure.search(line)]
     print("\n".join(found))
     assert len(found) <= 10, "figures in code (move them to docs/benchmarks.md):\n" + "\n".join(found)

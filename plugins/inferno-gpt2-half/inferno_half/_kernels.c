@@ -592,9 +592,8 @@ X86 static inline float dot_x86(const float *a, const float *b, int64_t d) {
 }
 
 /* One query over `keys` keys, d a multiple of 8, in three passes: the scores (8-wide dot products)
-   into `s`, their exponentials (8 at a time), then the weighted sum of the values. The portable loop
-   below (one scalar chain per dot product, a libm expf per key) took 41 us a layer at 100 cached
-   tokens on the development machine; this under 10. */
+   into `s`, their exponentials (8 at a time), then the weighted sum of the values: several times
+   faster than the portable loop below (one scalar chain per dot product, a libm expf per key). */
 X86 static void attend_x86(const float *qi, const float *kh, const float *vh, int64_t keys, int64_t d,
                            float scale, float *s, float *o) {
     float m = -INFINITY, sum = 0.0f;
@@ -667,8 +666,8 @@ static void attend_all(int64_t b, int64_t h, int64_t t, int64_t d, const float *
     }
     (void)threads; (void)simd;
     /* Split among the threads from ~43 keys a head at 12 heads: a decode step's attention reads its
-       cache from memory (evicted by the weights), 38 us a layer at 100 keys on one thread; on two the
-       whole step measured 3% faster (6.09 -> 5.90 ms, 14 paired rounds). */
+       cache from memory (evicted by the weights), and two threads made the whole step measurably
+       faster (docs/benchmarks.md). */
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1) if (threads > 1 && (offset + t) * t * h * b >= 512)
 #endif
@@ -911,9 +910,8 @@ static int ragged_attention(const float *qkv, int64_t n, int64_t h, int64_t d, i
 }
 
 /* ------------------------------------------------------------ the Python functions (buffer protocol)
-   Arrays come in through the buffer protocol, ~0.05 us an array: through ctypes, a NumPy array's
-   .ctypes.data alone cost 0.8 us, and a decode step passed ~250 of them (1 ms of a ~6 ms step, measured
-   on the development machine). Each function checks what it is given (dtype, C order, shape) and, when
+   Arrays come in through the buffer protocol, far cheaper an array than ctypes' .ctypes.data, which
+   a decode step would pay ~250 times (docs/benchmarks.md). Each function checks what it is given (dtype, C order, shape) and, when
    an array is not what it takes, computes nothing and returns False: the caller then runs its NumPy path.
    It returns True when it has computed. The GIL is released while it computes. */
 

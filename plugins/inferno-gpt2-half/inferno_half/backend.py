@@ -131,7 +131,7 @@ class Weight16:
         n, k = self.rows
         flat = ids.reshape(-1)
         if _KERNELS is not None:
-            # One C call a row: NumPy's gather across the panels took ~50 us for one token.
+            # One C call a row: NumPy's gather across the panels cost more than the row itself.
             out = np.empty((len(flat), k), np.float32)
             if all(_KERNELS.unpack(self.blocks, n, j, j + 1, k, out[i : i + 1], FORMATS[self.fmt], 1)
                    for i, j in enumerate(flat.tolist())):
@@ -274,7 +274,7 @@ class HalfBackend(NumpyBackend):
         return tok + wpe[offset : offset + ids.shape[-1]]
 
     def layernorm(self, x, gamma, beta, eps):
-        # One C call: NumPy's six passes cost ~20 us for one 768-wide row, 25 times a decode step.
+        # One C call: NumPy's six passes over one row cost more than the work, 25 times a decode step.
         if _KERNELS is not None:
             x = np.ascontiguousarray(x)
             out = np.empty_like(x)
@@ -284,8 +284,8 @@ class HalfBackend(NumpyBackend):
 
     def attention(self, q, k_cache, v_cache, offset):
         if _KERNELS is not None and q.shape[2] <= SMALL_M:
-            # A few queries (decode): one C call instead of NumPy's stacked matmuls and softmax (~50 us a
-            # layer at 64 cached tokens).
+            # A few queries (decode): one C call instead of NumPy's stacked matmuls and softmax, whose
+            # calls cost more than the work at one token (docs/benchmarks.md).
             q = _f32(q)
             out = np.empty_like(q)
             if _KERNELS.attention(q, k_cache, v_cache, int(offset), out, self.threads):
@@ -299,8 +299,8 @@ class HalfBackend(NumpyBackend):
         rows = x.reshape(-1, x.shape[-1])
         if (_KERNELS is not None and type(w_fc) is Weight16
                 and type(w_proj) is Weight16):
-            # Decode: both products in one C call, the GELU inside the first (NumPy's nine passes over
-            # 3072 values cost ~10 us, 12 times a step).
+            # Decode: both products in one C call, the GELU inside the first (it saves NumPy's nine
+            # passes over 3072 values, 12 times a step).
             rows = _f32(rows)
             out = np.empty((rows.shape[0], w_proj.rows[0]), np.float32)
             if _KERNELS.mlp(rows, w_fc.blocks, w_fc.rows[0], _bias(b_fc), w_proj.blocks, _bias(b_proj),
@@ -411,8 +411,8 @@ def _one_blas_thread() -> Iterator[None]:
     """OpenBLAS on one thread while our own threads split a product among the cores.
 
     OpenBLAS's threads spin for about 0.1 s after each call (2^28 cycles): they would take the cores
-    from the kernel's OpenMP threads during the first decode steps after a prefill (measured: 12-17 ms
-    per step instead of 6.6 for ~8 steps). Called from our threads on one thread each, its pool never
+    from the kernel's OpenMP threads during the first decode steps after a prefill (measured about twice
+    as slow for those steps). Called from our threads on one thread each, its pool never
     wakes up.
     """
     if _BLAS is None:
