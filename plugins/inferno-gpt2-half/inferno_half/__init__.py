@@ -1,9 +1,10 @@
-"""inferno-gpt2-half: a backend with 16-bit weights for inferno, shipped as a separate distribution.
+"""inferno-gpt2-half: a backend with 16-bit or 8-bit weights for inferno, shipped as a separate distribution.
 
 Installing it (a C compiler builds its kernels; without one a NumPy fallback runs) registers ``half``::
 
     pip install plugins/inferno-gpt2-half
     inferno --backend half:dtype=bfloat16 "Hello"
+    inferno --backend half:dtype=int8 "Hello"
     pytest --pyargs inferno.conformance --backend half
 """
 

@@ -39,7 +39,8 @@
 
 #define PANEL 32   /* outputs per panel */
 #define TASK 4     /* panels per thread task: 128 outputs */
-#define MR_MAX 12  /* rows per register tile (AVX-512: 12 x 2 accumulators) */
+#define MR_MAX 12  /* rows per register tile over a whole panel (AVX-512: 12 x 2 accumulators) */
+#define MR_HALF 24 /* rows per AVX-512 tile over half a panel (24 accumulators) */
 #define MC 96      /* rows per pass over the weights: x's chunk stays in L2 while the panels go by */
 
 #define PATH_PORTABLE 0
@@ -323,7 +324,6 @@ static const tile256_fn WIDE512[4][5] = {{NULL}, {NULL, t512_1_1, t512_1_2, t512
 
 /* AVX-512 tile over half a panel (16 outputs, h0 = 0 or 1) for `mr` rows, up to MR_HALF: one widening
    per input serves mr FMAs (24 rows: 24 FMAs per conversion, against 12 on a whole panel). */
-#define MR_HALF 24
 X512 static INLINE void tile512h(const float *x, int64_t k, const uint16_t *w, const int mr, const int h0,
                                  const int fmt, const float *b, float *y, int64_t n, int64_t col0, int act) {
     __m512 acc[MR_HALF];
@@ -465,6 +465,7 @@ static int64_t tile_plan(int simd, int64_t m, int64_t *sizes) {
 /* x [m, k] → xp, tile by tile (as tile_plan splits m): tile t's rows r0 .. r0 + mr - 1 at xp + r0 * k,
    input-major (element (i, r) at i * mr + r). */
 static void pack_rows(const float *x, int64_t m, int64_t k, const int64_t *sizes, int64_t tiles, float *xp) {
+    (void)m;
     for (int64_t t = 0, r0 = 0; t < tiles; r0 += sizes[t], t++)
         for (int64_t r = 0; r < sizes[t]; r++)
             for (int64_t i = 0; i < k; i++) xp[r0 * k + i * sizes[t] + r] = x[(r0 + r) * k + i];

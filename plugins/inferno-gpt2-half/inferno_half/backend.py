@@ -45,7 +45,8 @@ import numpy as np
 from inferno.backends.hookspecs import hookimpl
 from inferno.backends.numpy_backend import NumpyBackend
 
-#: The Hub's Conv1D weights (stored [in, out]) and the [V, C] embedding/head: the matrices kept in 16 bits.
+#: The Hub's Conv1D weights (stored [in, out]) and the [V, C] embedding/head: the matrices kept in 16 or 8
+#: bits.
 MATRICES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight",
             "wte.weight", "lm_head.weight")
 #: The formats, by option value: the kernel's format code. int8: symmetric, one float32 scale per output
@@ -53,12 +54,12 @@ MATRICES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.
 FORMATS = {"float16": 0, "bfloat16": 1, "int8": 2}
 #: Outputs per panel of the packed weights (`_kernels.c`'s PANEL).
 PANEL = 32
-#: Queries up to this many a sequence (decode, short prompts, prefill chunks) attend in the C kernel, which
-#: runs them one at a time; a longer prompt's attention is NumPy's batched matmuls (BLAS).
+#: Queries up to this many a sequence (decode, short prompts, prefill chunks) attend in the C kernel one at a
+#: time; a longer prompt attends in C in tiles of queries on the AVX-512 path, elsewhere in NumPy (BLAS).
 SMALL_M = 64
 #: Ragged steps of up to this many tokens (decode rows and prompt chunks) run their attention block in C.
 RAGGED_TOKENS = 256
-#: Float32 bytes unpacked per BLAS call on the many-row path.
+#: Float32 bytes converted at a time when packing, and unpacked per BLAS call on the fallback path.
 UNPACK_BYTES = 8 << 20
 #: The most threads one may ask for (as for cpu-threaded).
 MAX_THREADS = 1024
