@@ -9,33 +9,13 @@ import sys
 from collections.abc import Sequence
 
 from inferno.bench import BenchError, BenchProgress, BenchRequest, choose_backends, format_table, run_bench
-from inferno.cli._args import EXIT_USAGE
+from inferno.cli._args import EXIT_USAGE, non_negative, positive
 from inferno.errors import squash
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:
         raise BenchError(message)
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
-    return value
-
-
-def _non_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -48,10 +28,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="measure on this model's weights: a folder, a Hub name already in the cache, or "
                    "random (default: gpt2 if it is in the Hugging Face cache, else random weights of the "
                    "124M shape)")
-    p.add_argument("--prompt-tokens", type=_positive, default=64, help="prompt length (default 64)")
-    p.add_argument("--new-tokens", type=_positive, default=32, help="tokens to generate (default 32)")
-    p.add_argument("--repeat", type=_positive, default=3, help="timed runs per backend (default 3)")
-    p.add_argument("--warmup", type=_non_negative, default=1, help="short untimed runs first (default 1)")
+    p.add_argument("--prompt-tokens", type=positive, default=64, help="prompt length (default 64)")
+    p.add_argument("--new-tokens", type=positive, default=32, help="tokens to generate (default 32)")
+    p.add_argument("--repeat", type=positive, default=3, help="timed runs per backend (default 3)")
+    p.add_argument("--warmup", type=non_negative, default=1, help="short untimed runs first (default 1)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random prompt and weights")
     p.add_argument("--pause", type=float, default=0.2, metavar="SECONDS",
                    help="idle time before each timed run (default 0.2): BLAS and OpenMP worker threads "

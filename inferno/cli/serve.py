@@ -19,45 +19,15 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from inferno.cli._args import EXIT_USAGE, Parser, add_model_args
+from inferno.cli._args import EXIT_USAGE, Parser, add_model_args, non_negative, number, positive
 from inferno.engine import DEFAULT_PREFILL_CHUNK, DEFAULT_QUEUE, DEFAULT_SLOTS
 from inferno.serve.config import BODY_TIMEOUT, HEADER_TIMEOUT, MAX_CONNECTIONS, ServeConfig
 
 _EXTRA = ("fastapi", "uvicorn", "sse_starlette", "prometheus_client")
 
 
-def _int_at_least(low: int):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = low - 1
-        if value < low:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text!r}")
-        return value
-
-    parse.__name__ = f"an integer >= {low}"
-    return parse
-
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a port number in [0, 65535], got {text!r}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got {text!r}")
-    return value
+_port = number(int, lambda v: 0 <= v <= 65535, "a port number in [0, 65535]")
+_seconds = number(float, lambda v: math.isfinite(v) and v >= 0, "a number of seconds >= 0")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -68,11 +38,11 @@ def _parser() -> argparse.ArgumentParser:
     arg = p.add_argument
     arg("--host", default="127.0.0.1", help="address to listen on (127.0.0.1; 0.0.0.0 for every interface)")
     arg("--port", type=_port, default=8000, help="port to listen on (8000; 0 picks a free one)")
-    arg("--slots", metavar="N", type=_int_at_least(1), default=DEFAULT_SLOTS,
+    arg("--slots", metavar="N", type=positive, default=DEFAULT_SLOTS,
         help=f"sequences generated at once, one KV slot each ({DEFAULT_SLOTS}); also the largest n")
-    arg("--queue", metavar="N", type=_int_at_least(1), default=DEFAULT_QUEUE,
+    arg("--queue", metavar="N", type=positive, default=DEFAULT_QUEUE,
         help=f"requests that may wait for a slot ({DEFAULT_QUEUE}); beyond, 429 with Retry-After")
-    arg("--prefill-chunk", metavar="N", type=_int_at_least(1), default=DEFAULT_PREFILL_CHUNK,
+    arg("--prefill-chunk", metavar="N", type=positive, default=DEFAULT_PREFILL_CHUNK,
         help=f"prompt tokens run per step ({DEFAULT_PREFILL_CHUNK}): bounds the stall of running streams")
     arg("--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' (all routes but /health "
         "and the API docs)")
@@ -86,7 +56,7 @@ def _parser() -> argparse.ArgumentParser:
         f"must arrive within S seconds of its first byte, else 408 and closed ({HEADER_TIMEOUT:g})")
     arg("--timeout-body", metavar="S", type=_seconds, default=BODY_TIMEOUT, help="a request's body must "
         f"arrive within S seconds of its headers, else 408 ({BODY_TIMEOUT:g})")
-    arg("--max-connections", metavar="N", type=_int_at_least(0), default=MAX_CONNECTIONS, help="connections "
+    arg("--max-connections", metavar="N", type=non_negative, default=MAX_CONNECTIONS, help="connections "
         f"open at once; beyond, 503 and closed ({MAX_CONNECTIONS})")
     arg("--chat-template", metavar="FILE", help="a Jinja2 chat template in Hugging Face's format for "
         "/v1/chat/completions (default: 'User: ...' / 'Assistant:' lines; see docs/serving.md)")
