@@ -163,7 +163,7 @@ def add_ray_args(p: argparse.ArgumentParser) -> None:
         help="run on Ray Data (needs the ray extra): without ADDRESS, ray.init()'s default (RAY_ADDRESS, "
         "a Ray started on this machine, else a new local one); 'auto', HOST:PORT or ray://HOST:PORT for "
         "a cluster")
-    arg("--workers", metavar="N", type=_positive_int,
+    arg("--workers", metavar="N", type=positive,
         help="with --ray: Ray actors, each loading the model once (default 1)")
     arg("--cpus-per-worker", metavar="N", type=_positive_float,
         help="with --ray: CPUs Ray reserves for each worker, which are its BLAS threads (default 1)")
@@ -184,7 +184,6 @@ def _address(text: str) -> str:
 _address.__name__ = "--ray ADDRESS"
 
 
-_positive_int = positive
 _positive_float = number(float, lambda v: math.isfinite(v) and v > 0, "a number > 0")
 
 
