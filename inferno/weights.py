@@ -57,8 +57,9 @@ _DTYPE_SIZES = {
     "U64": 8, "I64": 8, "F64": 8,
 }  # fmt: skip
 SUPPORTED_DTYPES = ("F32", "F16", "BF16")
-# The safetensors library refuses headers above 100 MB; a real GPT-2 header is ~15 kB.
-_MAX_HEADER_BYTES = 100_000_000
+# The upper-case limits and chunk sizes below are public so that tests (and a user tuning a load) can set
+# them. The safetensors library refuses headers above 100 MB; a real GPT-2 header is ~15 kB.
+MAX_HEADER_BYTES = 100_000_000
 # The message lists this many problems; the exception's ``problems`` attribute keeps all of them.
 _MAX_PROBLEM_LINES = 40
 # Causal-mask buffers that older transformers versions saved with the weights; not parameters.
@@ -66,13 +67,13 @@ _MASK_BUFFER = re.compile(r"h\.\d+\.attn\.(bias|masked_bias)")
 _PREFIX = "transformer."
 _LM_HEAD = "lm_head.weight"
 # Chunk size for comparing lm_head.weight against wte.weight without a second full copy.
-_COMPARE_CHUNK_BYTES = 4 << 20
+COMPARE_CHUNK_BYTES = 4 << 20
 # Chunk size for reading a tensor into Fortran order (the transposing copy measured fastest around 1 MiB;
 # docs/benchmarks.md).
-_TRANSPOSE_CHUNK_BYTES = 1 << 20
+TRANSPOSE_CHUNK_BYTES = 1 << 20
 # Pieces a row-major float32 tensor is read in, each summed while still in the CPU's cache (the NaN/Inf
 # check; see _read_tensor).
-_READ_CHUNK_BYTES = 1 << 20
+READ_CHUNK_BYTES = 1 << 20
 # Elements per slice of the non-finite check: slices measured faster than one np.isfinite(a).all() per
 # tensor (which also allocates a temporary as big as the tensor), min()/max() or a float64 sum, and the
 # check is a small part of a cold start (docs/benchmarks.md).
@@ -154,8 +155,8 @@ def _parse_header(f: BinaryIO, path: str | os.PathLike[str], file_size: int) -> 
             [f"header length {header_len} is bigger than the rest of the file ({file_size - 8} bytes): "
              f"truncated or not a safetensors file; {_DAMAGED}"],
         )
-    if header_len > _MAX_HEADER_BYTES:
-        raise WeightsError(path, [f"header length {header_len} exceeds the {_MAX_HEADER_BYTES}-byte limit"])
+    if header_len > MAX_HEADER_BYTES:
+        raise WeightsError(path, [f"header length {header_len} exceeds the {MAX_HEADER_BYTES}-byte limit"])
     raw = _read_exact(f, header_len, path, "the header")
     try:
         header = json.loads(raw.decode("utf-8"))
@@ -423,7 +424,7 @@ def _read_tensor(f: BinaryIO, info: TensorInfo, path: str | os.PathLike[str], or
         flat = out.reshape(-1)
         f.seek(info.start)
         finite = True
-        step = _READ_CHUNK_BYTES // 4
+        step = READ_CHUNK_BYTES // 4
         for e0 in range(0, flat.size, step):
             piece = flat[e0 : e0 + step]
             _readinto(f, piece, info, path, seek=False)
@@ -443,7 +444,7 @@ def _read_transposed(f: BinaryIO, info: TensorInfo, path: str | os.PathLike[str]
     out = np.empty(info.shape, dtype=np.float32, order="F")
     finite = True
     with np.errstate(over="ignore", invalid="ignore"):
-        for r0, part in _row_parts(info, _TRANSPOSE_CHUNK_BYTES):
+        for r0, part in _row_parts(info, TRANSPOSE_CHUNK_BYTES):
             rows = _read_plain(f, part, path)
             finite = finite and _sums_finite(rows)
             out[r0 : r0 + part.shape[0]] = rows
@@ -503,12 +504,12 @@ def _size(n: int) -> str:
     return f"{n} bytes"
 
 
-def _memory_limit() -> int | None:
+def memory_limit() -> int | None:
     """Bytes of memory this process may use at most: physical memory plus swap, capped by a cgroup
     memory limit (v2 memory.max, v1 memory.limit_in_bytes); None when unknown."""
     limits = []
     try:
-        limits.append(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") + _swap_bytes())
+        limits.append(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") + swap_bytes())
     except (AttributeError, ValueError, OSError):
         pass
     for name in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
@@ -522,7 +523,8 @@ def _memory_limit() -> int | None:
     return min(limits) if limits else None
 
 
-def _swap_bytes() -> int:
+def swap_bytes() -> int:
+    """Bytes of swap space (/proc/meminfo's SwapTotal), 0 when unknown."""
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -549,7 +551,7 @@ def _read_all(f: BinaryIO, path: str | os.PathLike[str], chosen: dict[str, Tenso
 
 def _same_tensors(f: BinaryIO, a: TensorInfo, b: TensorInfo, path: str | os.PathLike[str]) -> bool:
     """Whether two [V, C] tensors of the file hold the same values (as float32), a few rows at a time."""
-    rows = max(1, _COMPARE_CHUNK_BYTES // (4 * math.prod(a.shape[1:])))  # the same rows from both
+    rows = max(1, COMPARE_CHUNK_BYTES // (4 * math.prod(a.shape[1:])))  # the same rows from both
     parts_a = _row_parts(a, rows * _DTYPE_SIZES[a.dtype] * math.prod(a.shape[1:]))
     parts_b = _row_parts(b, rows * _DTYPE_SIZES[b.dtype] * math.prod(b.shape[1:]))
     for (_, part_a), (_, part_b) in zip(parts_a, parts_b, strict=True):
@@ -560,7 +562,7 @@ def _same_tensors(f: BinaryIO, a: TensorInfo, b: TensorInfo, path: str | os.Path
 
 def _check_memory(path: str | os.PathLike[str], need: int) -> None:
     """Refuse, before allocating anything, weights that cannot fit in this machine's memory."""
-    limit = _memory_limit()
+    limit = memory_limit()
     if limit is not None and need > limit:
         raise WeightsMemoryError(path, [f"the weights need {_size(need)} of memory as float32, more than "
                                         f"the {_size(limit)} this process can have"])
@@ -642,7 +644,7 @@ def _stream(path: str | os.PathLike[str], config: Gpt2Config, order: Callable[[s
                     raise WeightsError(path, [_nonfinite(names[name], a, bad)])
                 yield name, names[name], a, finite
         except MemoryError:
-            limit = _memory_limit()
+            limit = memory_limit()
             here = f" ({_size(limit)} of memory here)" if limit else ""
             raise WeightsMemoryError(path, [f"not enough memory: the weights need {_size(need)} as "
                                             f"float32{here}"]) from None

@@ -196,7 +196,7 @@ def test_memory_error_while_reading_says_how_much_is_needed(tmp_path, monkeypatc
     monkeypatch.setattr(weights_module, "_read_tensor", no_memory)
     with pytest.raises(WeightsMemoryError, match=r"not enough memory: the weights need \d+ bytes as float32"):
         load_weights(path, cfg)
-    monkeypatch.setattr(weights_module, "_memory_limit", lambda: 1000)
+    monkeypatch.setattr(weights_module, "memory_limit", lambda: 1000)
     with pytest.raises(WeightsMemoryError, match="more than the 1000 bytes this process can have") as info:
         load_weights(path, cfg)
     assert isinstance(info.value, MemoryError) and isinstance(info.value, WeightsError)

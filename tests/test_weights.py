@@ -128,7 +128,7 @@ def test_untied_lm_head_is_kept(tmp_path, cfg, sd, dtype):
 
 def test_tied_lm_head_compared_in_chunks(tmp_path, monkeypatch, cfg, sd):
     # Force many chunks so the row arithmetic of the comparison is exercised.
-    monkeypatch.setattr(weights_module, "_COMPARE_CHUNK_BYTES", 3 * cfg.n_embd * 4)
+    monkeypatch.setattr(weights_module, "COMPARE_CHUNK_BYTES", 3 * cfg.n_embd * 4)
     path = write_save_pretrained_safetensors(tmp_path / "m.safetensors", sd)
     assert "lm_head.weight" not in load_weights(path, cfg)
     head = sd["wte.weight"].copy()
@@ -143,7 +143,7 @@ def test_fortran_order_on_request(tmp_path, monkeypatch, dtype, chunk_rows):
     # The transposed copy is made a few rows at a time: exercise one row, uneven chunks and one chunk.
     directory, config, expected = make_model_dir(tmp_path, dtype=dtype, seed=4)
     itemsize = 4 if dtype == "F32" else 2  # chunks are sized in the file's bytes
-    monkeypatch.setattr(weights_module, "_TRANSPOSE_CHUNK_BYTES", chunk_rows * itemsize * config.n_embd)
+    monkeypatch.setattr(weights_module, "TRANSPOSE_CHUNK_BYTES", chunk_rows * itemsize * config.n_embd)
     fortran = {"wte.weight", "h.1.mlp.c_proj.weight", "h.0.attn.c_attn.weight"}
     requested = []
 
@@ -380,9 +380,9 @@ def test_absurd_header_length(tmp_path, cfg):
 def test_the_header_size_limit(tmp_path, monkeypatch):
     path = write_safetensors_raw(tmp_path / "m.safetensors", {"x": ("F32", (2,), b"\0" * 8)})
     header_len = int.from_bytes(path.read_bytes()[:8], "little")
-    monkeypatch.setattr(weights_module, "_MAX_HEADER_BYTES", header_len)
+    monkeypatch.setattr(weights_module, "MAX_HEADER_BYTES", header_len)
     assert set(read_safetensors_header(path).tensors) == {"x"}  # exactly at the limit: fine
-    monkeypatch.setattr(weights_module, "_MAX_HEADER_BYTES", header_len - 1)
+    monkeypatch.setattr(weights_module, "MAX_HEADER_BYTES", header_len - 1)
     with pytest.raises(WeightsError) as info:
         read_safetensors_header(path)
     assert info.value.problems == [f"header length {header_len} exceeds the {header_len - 1}-byte limit"]
@@ -661,7 +661,7 @@ def test_truncated_untied_lm_head_is_a_weights_error(tmp_path, monkeypatch, cfg,
     head = sd["wte.weight"].copy()
     head[0, 0] += 1.0  # differs in its first row: the comparison stops there, the full read hits the end
     path = _untied_file(tmp_path / "m.safetensors", sd, head, dtype)
-    monkeypatch.setattr(weights_module, "_COMPARE_CHUNK_BYTES", 4 * cfg.n_embd)  # compare one row at a time
+    monkeypatch.setattr(weights_module, "COMPARE_CHUNK_BYTES", 4 * cfg.n_embd)  # compare one row at a time
     header = read_safetensors_header(path)
     assert max(header.tensors.values(), key=lambda t: t.end).name == "lm_head.weight"
     np.testing.assert_array_equal(load_weights(path, cfg)["lm_head.weight"],
@@ -779,8 +779,8 @@ def test_the_non_finite_check_sums_each_value_once_as_it_is_read(tmp_path, monke
     # Each piece is summed right after it is read (C order: views of the loaded array; F order: the rows
     # read before they are transposed), every value once; finite weights are never counted one by one.
     path = write_hub_safetensors(tmp_path / "m.safetensors", sd, cfg)
-    monkeypatch.setattr(weights_module, "_READ_CHUNK_BYTES", 28)
-    monkeypatch.setattr(weights_module, "_TRANSPOSE_CHUNK_BYTES", 4 * 2 * cfg.n_embd)
+    monkeypatch.setattr(weights_module, "READ_CHUNK_BYTES", 28)
+    monkeypatch.setattr(weights_module, "TRANSPOSE_CHUNK_BYTES", 4 * 2 * cfg.n_embd)
     seen, real = [], weights_module._sums_finite
     monkeypatch.setattr(weights_module, "_sums_finite", lambda a: seen.append(a) or real(a))
     monkeypatch.setattr(weights_module, "_count_nonfinite", lambda a: pytest.fail("counted"))
@@ -869,15 +869,15 @@ def test_weights_bigger_than_the_memory_limit_are_refused_before_reading(tmp_pat
     reads = []
     read = weights_module._read_tensor
     monkeypatch.setattr(weights_module, "_read_tensor", lambda *args: reads.append(args) or read(*args))
-    monkeypatch.setattr(weights_module, "_memory_limit", lambda: need - 1)
+    monkeypatch.setattr(weights_module, "memory_limit", lambda: need - 1)
     with pytest.raises(weights_module.WeightsMemoryError) as info:
         load_weights(path, cfg)
     assert info.value.problems == [f"the weights need {need} bytes of memory as float32, more than the "
                                    f"{need - 1} bytes this process can have"]
     assert isinstance(info.value, MemoryError) and not reads
-    monkeypatch.setattr(weights_module, "_memory_limit", lambda: need)  # exactly enough
+    monkeypatch.setattr(weights_module, "memory_limit", lambda: need)  # exactly enough
     assert set(load_weights(path, cfg)) == set(sd)
-    monkeypatch.setattr(weights_module, "_memory_limit", lambda: None)  # unknown: not checked
+    monkeypatch.setattr(weights_module, "memory_limit", lambda: None)  # unknown: not checked
     assert set(load_weights(path, cfg)) == set(sd)
 
 
@@ -885,10 +885,10 @@ def test_an_untied_head_counts_in_the_memory_needed(tmp_path, monkeypatch, cfg, 
     head = sd["wte.weight"] + np.float32(1)
     path = write_save_pretrained_safetensors(tmp_path / "m.safetensors", sd, lm_head=head)
     need = 4 * (sum(a.size for a in sd.values()) + head.size)
-    monkeypatch.setattr(weights_module, "_memory_limit", lambda: need - 1)
+    monkeypatch.setattr(weights_module, "memory_limit", lambda: need - 1)
     assert load_error(path, cfg).problems == [f"the weights need {need} bytes of memory as float32, more "
                                               f"than the {need - 1} bytes this process can have"]
-    monkeypatch.setattr(weights_module, "_memory_limit", lambda: need)
+    monkeypatch.setattr(weights_module, "memory_limit", lambda: need)
     assert "lm_head.weight" in load_weights(path, cfg)
 
 
@@ -901,7 +901,7 @@ def test_running_out_of_memory_while_reading_says_how_much_is_needed(tmp_path, m
     def no_memory(*args):
         raise MemoryError
 
-    monkeypatch.setattr(weights_module, "_memory_limit", lambda: limit)
+    monkeypatch.setattr(weights_module, "memory_limit", lambda: limit)
     monkeypatch.setattr(weights_module, "_read_tensor", no_memory)
     for load in (load_weights, lambda *a: list(weights_module.iter_weights(*a))):
         with pytest.raises(weights_module.WeightsMemoryError) as info:
@@ -961,9 +961,9 @@ PAGES = {"SC_PHYS_PAGES": 1000, "SC_PAGE_SIZE": 4096}
 )
 def test_the_memory_limit(monkeypatch, sysconf, swap, files, limit):
     monkeypatch.setattr(weights_module.os, "sysconf", fake_sysconf(sysconf))
-    monkeypatch.setattr(weights_module, "_swap_bytes", lambda: swap)
+    monkeypatch.setattr(weights_module, "swap_bytes", lambda: swap)
     monkeypatch.setattr(weights_module, "open", FakeFiles(files), raising=False)
-    assert weights_module._memory_limit() == limit
+    assert weights_module.memory_limit() == limit
 
 
 @pytest.mark.parametrize(
@@ -977,9 +977,9 @@ def test_the_memory_limit(monkeypatch, sysconf, swap, files, limit):
 )
 def test_swap_from_proc_meminfo(monkeypatch, meminfo, swap):
     monkeypatch.setattr(weights_module, "open", FakeFiles({"/proc/meminfo": meminfo}), raising=False)
-    assert weights_module._swap_bytes() == swap
+    assert weights_module.swap_bytes() == swap
     monkeypatch.setattr(weights_module, "open", FakeFiles({}), raising=False)
-    assert weights_module._swap_bytes() == 0
+    assert weights_module.swap_bytes() == 0
 
 
 # ------------------------------------------------------------------------------------ reading
@@ -1036,10 +1036,10 @@ def test_row_parts():
 @pytest.mark.parametrize("rows", [1, 2, 5])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_the_head_is_compared_with_wte_a_few_rows_at_a_time(tmp_path, monkeypatch, cfg, sd, rows, dtype):
-    # The comparison reads `rows` rows of each (_COMPARE_CHUNK_BYTES of float32; at least one row), the
+    # The comparison reads `rows` rows of each (COMPARE_CHUNK_BYTES of float32; at least one row), the
     # same rows from both, every row once.
     C, V = cfg.n_embd, cfg.vocab_size
-    monkeypatch.setattr(weights_module, "_COMPARE_CHUNK_BYTES", max(1, rows * 4 * C - 1) if rows == 1
+    monkeypatch.setattr(weights_module, "COMPARE_CHUNK_BYTES", max(1, rows * 4 * C - 1) if rows == 1
                         else rows * 4 * C + 3)
     path = write_save_pretrained_safetensors(tmp_path / "m.safetensors", sd, dtype)
     parts = []
