@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import itertools
 import queue
 import threading
@@ -374,6 +375,13 @@ class Engine:
             for seq in self._everyone():
                 self._finish(seq, "cancelled")
             self._waiting.clear()
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Hold the step loop between two steps: what is submitted inside is admitted together when the
+        block ends (a group of requests that should prefill in one step; a queue filled on purpose)."""
+        with self._step_lock:
+            yield
 
     def __enter__(self) -> Engine:
         return self

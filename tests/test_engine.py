@@ -150,7 +150,7 @@ def test_cancel_frees_the_slot(pipe):
 def test_bounded_queue(pipe):
     engine = pipe.engine(slots=1, max_queue=1)
     try:
-        with engine._step_lock:  # hold the step loop: nothing is admitted, so the queue stays full
+        with engine.paused():  # hold the step loop: nothing is admitted, so the queue stays full
             a = pipe.submit(engine, "one", 2, stop_at_eos=False)  # the free slot will take it
             b = pipe.submit(engine, "two", 2, stop_at_eos=False)  # queued
             with pytest.raises(QueueFullError, match=r"queue is full \(1 requests wait for 1 slots\)"):
@@ -357,7 +357,7 @@ def test_steps_async_for_an_event_loop(pipe):
 def test_a_queue_of_zero_takes_what_fits_now(pipe):
     engine = pipe.engine(slots=2, max_queue=0)
     try:
-        with engine._step_lock:
+        with engine.paused():
             handles = [pipe.submit(engine, "fits", 2, stop_at_eos=False) for _ in range(2)]
             with pytest.raises(QueueFullError):
                 pipe.submit(engine, "does not", 2, stop_at_eos=False)
@@ -510,25 +510,32 @@ def test_close_cancels_running_and_waiting_and_refuses_more(pipe):
     assert len(steps) == 1 and steps[0].finish_reason is None and list(waiting) == []
     with pytest.raises(EngineClosedError, match="^the engine is closed$"):
         engine.submit([1], 1)
+    before = _loop_threads()
     engine.start()  # closed: no thread starts
-    assert not engine.alive and engine._thread is None
+    assert not engine.alive and not _loop_threads() - before
+
+
+def _loop_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name == "inferno-engine" and t.is_alive()}
 
 
 def test_the_loop_thread_starts_on_submission_and_stops_on_close(pipe):
+    before = _loop_threads()
     engine = pipe.engine(slots=1)
-    assert engine._thread is None
+    assert not _loop_threads() - before and not engine.alive
     h = pipe.submit(engine, "x", 2, stop_at_eos=False)
-    thread = engine._thread
-    assert thread is not None and thread.name == "inferno-engine" and thread.daemon
+    (thread,) = _loop_threads() - before
+    assert thread.daemon and engine.alive
     engine.start()  # idempotent
-    assert engine._thread is thread
+    assert _loop_threads() - before == {thread}
     assert h.result(timeout=30).new_tokens == 2
     assert engine.alive
     engine.close()
     assert not engine.alive and not thread.is_alive()
+    before = _loop_threads()
     manual = pipe.engine(slots=1, autostart=False)
     manual.submit([1], 1)
-    assert manual._thread is None
+    assert not _loop_threads() - before and not manual.alive
     manual.close()
 
 
@@ -619,7 +626,7 @@ def test_a_failure_outside_a_batch_fails_every_request_and_the_loop_goes_on(pipe
 
     engine._admit = admit_once_broken
     try:
-        with engine._step_lock:  # both are queued before the loop's first step
+        with engine.paused():  # both are queued before the loop's first step
             handles = [engine.submit([1, 2], 3), engine.submit([3], 3)]
         for h in handles:
             assert h.wait(30)
