@@ -90,9 +90,9 @@ def test_api_key_and_access_log_with_prompts(small_model_dir, tmp_path):
 
 def test_sigterm_during_streams_ends_them_with_a_finish_reason(long_model_dir, tmp_path):
     # Six streams far too long for the grace period (1000 tokens, over 2 s here), two that finish
-    # within it (60 tokens).
+    # within it (12 tokens: a few steps, even on a loaded machine; they may end before the signal).
     server = launch(long_model_dir, "--slots", "8", "--grace-seconds", "1", home=tmp_path)
-    budgets = [1000] * 6 + [60] * 2
+    budgets = [1000] * 6 + [12] * 2
 
     async def main() -> tuple[list[list], float, bool]:
         started = [asyncio.Event() for _ in range(8)]
@@ -137,6 +137,6 @@ def test_sigterm_during_streams_ends_them_with_a_finish_reason(long_model_dir, t
         assert all(e["choices"][0]["finish_reason"] is None for e in events[:-2])
     assert seconds < 1 + 5, seconds  # the grace period, not the 1000 tokens
     log = server.log()
-    assert "shutting down; 8 requests may finish within 1s" in log
+    assert re.search(r"shutting down; [678] requests may finish within 1s", log), log
     assert "Traceback" not in log
     assert "Stream 0 of the shutdown" not in log  # no prompts without --log-prompts
