@@ -160,12 +160,14 @@ def test_backends_json(env):
     listed = {b["name"]: b for b in json.loads(proc.stdout)}
     for name in ("numpy", "array-api"):
         assert listed[name]["status"] == "ok"
+    assert listed["numpy"]["runs_on"] == "NumPy + BLAS"
 
 
 def test_backends_table(env):
     proc = run(["backends"], env)
     assert proc.returncode == 0, proc.stderr
-    assert re.search(r"^numpy\b.*\bok\b", proc.stdout, re.M), proc.stdout
+    assert re.search(r"^numpy\b.*\bok\s+NumPy \+ BLAS\s+built-in\b", proc.stdout, re.M), proc.stdout
+    assert proc.stdout.splitlines()[0].split()[:4] == ["name", "status", "runs", "on"]
 
 
 @pytest.mark.parametrize(

@@ -237,6 +237,17 @@ def test_unavailable_reason_is_the_status(fake_plugins):
         get_backend("fake-gpu")
 
 
+def test_runs_on_is_listed_in_one_line_and_a_crash_in_it_is_said(fake_plugins):
+    said = backend_class("fake-c", runs_on=classmethod(lambda cls: "compiled C\n (AVX2)"))
+    crashing = backend_class("fake-bad", runs_on=classmethod(lambda cls: 1 / 0))
+    fake_plugins(FakeEntryPoint("fake-c", plugin("fake-c", lambda register: (register(said),
+                                                                              register(crashing)))))
+    infos = {i.name: i for i in list_backends()}
+    assert infos["fake-c"].runs_on == "compiled C (AVX2)" and infos["fake-c"].status == "ok"
+    assert infos["fake-bad"].runs_on == "runs_on() raised ZeroDivisionError: division by zero"
+    assert infos["numpy"].runs_on == "NumPy + BLAS" and infos["cpu-threaded"].runs_on.startswith("NumPy")
+
+
 # ---------------------------------------------------------- plugins, real distributions, end to end
 
 SCRIPT = textwrap.dedent("""
@@ -282,7 +293,8 @@ def test_plugin_distributions_end_to_end(tmp_path):
     assert infos["numpy"]["status"] == infos["array-api"]["status"] == "ok"
     assert infos["fake-good"] == {
         "name": "fake-good", "description": "A fake plugin backend (NumPy kernels) for the registry tests.",
-        "origin": "inferno-fake-good", "version": "1.2.3", "status": "ok"}
+        "origin": "inferno-fake-good", "version": "1.2.3", "status": "ok",
+        "runs_on": "NumPy + BLAS"}  # it subclasses NumpyBackend
     assert set(out["errors"]) == set(broken)  # fake-good, numpy and array-api constructed fine
     for name, (dist, why) in broken.items():
         assert infos[name]["status"] != "ok" and why in infos[name]["status"]
@@ -449,7 +461,7 @@ def test_rejected_options_keep_the_backends_message(no_env):
 def test_backend_info_of_a_builtin(no_env):
     info = get_backend_info("numpy")
     assert info == registry.BackendInfo("numpy", NumpyBackend.description, "built-in", inferno.__version__,
-                                        "ok")
+                                        "ok", "NumPy + BLAS")
     assert info.ok and not registry.BackendInfo("x", "", "o", "", "needs a GPU").ok
 
 

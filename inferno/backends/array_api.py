@@ -43,6 +43,10 @@ class ArrayApiBackend(Backend):
     name = "array-api"
     description = "Portable kernels on the Array API standard (array_api_compat); NumPy arrays by default."
 
+    @classmethod
+    def runs_on(cls) -> str:
+        return "its Array API namespace"
+
     def __init__(
         self, xp: ModuleType | str | None = None, dtype: str = "float32", device: Any = None
     ) -> None:

@@ -88,6 +88,13 @@ class Backend(ABC):
         """
         return None
 
+    @classmethod
+    def runs_on(cls) -> str:
+        """What executes the kernels here, in a few words, for `inferno backends`' "runs on" column:
+        "NumPy (BLAS)", "compiled C (AVX-512, OpenMP)", "NumPy fallback (C kernels not built)". A backend
+        with compiled code says whether it runs it or a fallback. Called without constructing it."""
+        return ""
+
     def close(self) -> None:  # noqa: B027 (optional hook, deliberately empty)
         """Release resources (worker pools, device memory). The default has none."""
 

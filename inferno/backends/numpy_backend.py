@@ -31,6 +31,10 @@ class NumpyBackend(Backend):
     name = "numpy"
     description = "Reference kernels in plain NumPy (BLAS matmuls); float32, or float64 for checks."
 
+    @classmethod
+    def runs_on(cls) -> str:
+        return "NumPy + BLAS"
+
     def __init__(self, dtype: str | np.dtype = "float32") -> None:
         self.dtype = np.dtype(dtype)
         if self.dtype not in (np.float32, np.float64):

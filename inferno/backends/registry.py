@@ -124,6 +124,8 @@ class BackendInfo:
     version: str
     #: "ok", or one line saying why the backend is unavailable.
     status: str
+    #: What executes its kernels (`Backend.runs_on`): compiled code or a fallback; "" when not said.
+    runs_on: str = ""
 
     @property
     def ok(self) -> bool:
@@ -381,9 +383,20 @@ def _status(entry: _Entry) -> str:
     return "ok" if reason is None else squash(reason)
 
 
+def _runs_on(entry: _Entry) -> str:
+    if entry.cls is None:
+        return ""
+    try:
+        return squash(str(entry.cls.runs_on()))
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - a listing never fails for one plugin's bug
+        return f"runs_on() raised {one_line(exc)}"
+
+
 def _info(entry: _Entry) -> BackendInfo:
     description = entry.cls.description if entry.cls is not None else ""
-    return BackendInfo(entry.name, description, entry.origin, entry.version, _status(entry))
+    return BackendInfo(entry.name, description, entry.origin, entry.version, _status(entry), _runs_on(entry))
 
 
 def list_backends() -> list[BackendInfo]:

@@ -392,6 +392,10 @@ class ThreadedBackend(NumpyBackend):
     description = ("NumPy on all cores: blocked matmuls and causal tiled attention on a thread pool for "
                    "long prompts (threads=N; default $INFERNO_THREADS or the usable cores).")
 
+    @classmethod
+    def runs_on(cls) -> str:
+        return "NumPy + BLAS, a thread pool"
+
     def __init__(
         self,
         threads: int | str | None = None,

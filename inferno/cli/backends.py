@@ -22,14 +22,14 @@ def run(argv: Sequence[str]) -> int:
         print(json.dumps([asdict(i) for i in infos], indent=2))
         return 0
     default = default_backend_name()
-    rows = [("name", "status", "origin", "description")]
+    rows = [("name", "status", "runs on", "origin", "description")]
     for i in infos:
         origin = i.origin if i.origin == "built-in" else f"{i.origin} {i.version}".strip()
         mark = " (default)" if i.name == default else ""
-        rows.append((i.name + mark, i.status, origin, i.description))
-    widths = [max(len(r[c]) for r in rows) for c in range(3)]
+        rows.append((i.name + mark, i.status, i.runs_on or "-", origin, i.description))
+    widths = [max(len(r[c]) for r in rows) for c in range(4)]
     for r in rows:
-        print("  ".join(r[c].ljust(widths[c]) for c in range(3)) + "  " + r[3])
+        print("  ".join(r[c].ljust(widths[c]) for c in range(4)) + "  " + r[4])
     from inferno.blas import summary  # what numpy and cpu-threaded run on
 
     blas = summary()

@@ -201,8 +201,15 @@ def _pack_int8(out_in: np.ndarray, count: int) -> Weight16:
 class HalfBackend(NumpyBackend):
     name = "half"
     description = ("16-bit weights (dtype=float16|bfloat16) or 8-bit ones (dtype=int8), float32 activations "
-                   "and sums; compiled kernels (threads=N up to 1024)"
-                   + ("" if _KERNELS is not None else " [kernel not compiled: NumPy fallback, slow]"))
+                   "and sums; compiled kernels (threads=N up to 1024)")
+
+    @classmethod
+    def runs_on(cls) -> str:
+        if _KERNELS is None:
+            return "NumPy fallback (C kernels not built: slow)"
+        simd = {2: "AVX-512", 1: "AVX2 + FMA + F16C"}.get(_KERNELS.simd(), "portable C")
+        threads = _KERNELS.max_threads()
+        return f"compiled C ({simd}, {'OpenMP' if threads > 1 else 'one thread'})"
 
     def __init__(self, dtype: Any = "float16", threads: Any = None) -> None:
         """`dtype`: how the weights are stored, "float16" (default: 11 significant bits), "bfloat16"

@@ -705,3 +705,12 @@ def test_batched_rows_get_the_ids_of_their_batch_1_runs(model_dir, fmt, monkeypa
         monkeypatch.setattr(NumpyBackend, name, refused(name))
     together = [r.ids for r in pipe.generate_batch(PROMPTS, max_new_tokens=8, stop_at_eos=False)]
     assert together == alone
+
+
+def test_inferno_backends_says_whether_the_compiled_kernels_or_the_fallback_run(monkeypatch):
+    from inferno.backends.registry import get_backend_info
+
+    simd = {2: "AVX-512", 1: "AVX2 + FMA + F16C", 0: "portable C"}[hb._KERNELS.simd()]
+    assert get_backend_info("half").runs_on.startswith(f"compiled C ({simd}, ")
+    monkeypatch.setattr(hb, "_KERNELS", None)  # as when the extension did not build
+    assert get_backend_info("half").runs_on == "NumPy fallback (C kernels not built: slow)"

@@ -124,6 +124,10 @@ class TorchBackend(ArrayApiBackend):
             torch.set_num_threads(n_threads)
 
     @classmethod
+    def runs_on(cls) -> str:
+        return "PyTorch (its own CPU or GPU kernels)"
+
+    @classmethod
     def unavailable_reason(cls) -> str | None:
         # Only look for the packages: importing torch takes seconds, and `inferno backends` asks every
         # backend. A torch that is found but fails to import is reported when the backend is constructed.
