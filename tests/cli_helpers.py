@@ -6,9 +6,17 @@ from __future__ import annotations
 import io
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
+
+
+def sigint_as_in_a_terminal() -> None:
+    """`preexec_fn` for a child that a test sends Ctrl-C to: SIGINT at its default, as in a terminal.
+    Tests started in the background (``pytest &``) inherit SIGINT ignored from the shell, and so would
+    the child, which then never sees the signal."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def offline_env(tmp_path: Path) -> dict[str, str]:

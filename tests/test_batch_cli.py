@@ -18,7 +18,13 @@ from pathlib import Path
 
 import pytest
 from backend_helpers import registered
-from cli_helpers import assert_line_reports, assert_one_line_error, offline_env, run_inferno
+from cli_helpers import (
+    assert_line_reports,
+    assert_one_line_error,
+    offline_env,
+    run_inferno,
+    sigint_as_in_a_terminal,
+)
 
 from inferno.backends.numpy_backend import NumpyBackend
 from inferno.cli.batch import run as run_batch_cli
@@ -286,7 +292,8 @@ def test_ctrl_c_leaves_only_complete_lines(model_dir, env, tmp_path):
     out = tmp_path / "out.jsonl"
     proc = subprocess.Popen([*BATCH, str(src), "-o", str(out), "--model-dir", str(model_dir), "--slots", "2",
                              "--max-new-tokens", "100", "--ignore-eos"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=sigint_as_in_a_terminal)
     try:
         deadline = time.monotonic() + 60
         while not (out.exists() and b"\n" in out.read_bytes()):

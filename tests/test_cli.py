@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cli_helpers import assert_one_line_error, offline_env, run_inferno
+from cli_helpers import assert_one_line_error, offline_env, run_inferno, sigint_as_in_a_terminal
 from goldens import golden_model, log_softmax, write_model_dir
 from reference import hf_decode, hf_encode, reference_generate
 
@@ -283,6 +283,7 @@ def test_ctrl_c_stops_cleanly(tmp_path, env):
         [sys.executable, "-m", "inferno", "Hi", "--model-dir", str(model_dir), "--max-new-tokens", "1000",
          "--ignore-eos"],
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        preexec_fn=sigint_as_in_a_terminal,
     )
     try:
         proc.stdout.read(1)  # generation has started

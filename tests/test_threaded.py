@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_helpers import sigint_as_in_a_terminal
 
 from inferno.backends import registry
 from inferno.backends.numpy_backend import NumpyBackend
@@ -381,7 +382,7 @@ def _interrupt(code: str, wait_for_output: bool = False) -> tuple[subprocess.Com
     return (the finished process, seconds from the signal to its exit)."""
     code = f"import sys\nsys.path.insert(0, {str(TESTS)!r})\n" + code
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, preexec_fn=sigint_as_in_a_terminal)
     try:
         assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
         if wait_for_output:
