@@ -6,6 +6,7 @@
     python benches/serving.py --model-dir gpt2                 # real weights
     python benches/serving.py --url http://127.0.0.1:8000      # a server already running (any OpenAI one)
     python benches/serving.py --backend numpy --backend half --levels 16 --repeat 3   # side by side
+    python benches/serving.py --backend half --backend "half --prefill-chunk 256" --levels 16  # serve flags
 
 Each client sends `--rounds` streaming requests one after another: a prompt of `--prompt-tokens` random
 token ids (a different one per client and round) and `--new-tokens` new tokens (ignore_eos, so every
@@ -57,8 +58,11 @@ def random_model_dir(directory: Path, seed: int = 0) -> Path:
 
 
 def start_server(model_dir: Path, backend: str, slots: int, port: int, log: Path) -> subprocess.Popen:
-    command = [sys.executable, "-m", "inferno", "serve", "--model-dir", str(model_dir), "--backend", backend,
-               "--port", str(port), "--slots", str(slots), "--queue", "4096"]
+    """`backend`: a backend spec, optionally followed by more `inferno serve` flags ("half --prefill-chunk
+    256"), so that two settings of one backend can be measured side by side."""
+    spec, *flags = backend.split()
+    command = [sys.executable, "-m", "inferno", "serve", "--model-dir", str(model_dir), "--backend", spec,
+               "--port", str(port), "--slots", str(slots), "--queue", "4096", *flags]
     with open(log, "wb") as f:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         return subprocess.Popen(command, stdout=f, stderr=subprocess.STDOUT, env=env)
