@@ -26,7 +26,7 @@ from inferno.options import GenerationOptions, SequenceState
 from inferno.tokenizer import Tokenizer
 
 VOCAB = 50257
-TOKENIZER_JSON = Path(__file__).resolve().parents[1] / "gpt2" / "tokenizer.json"
+TOKENIZER_JSON = Path(__file__).resolve().parents[1] / "inferno" / "data" / "gpt2" / "tokenizer.json"
 ALL_OPTIONS = {"logprobs": 5, "stop": ["\n\n\n", "###", "<END>", "Q:"], "repetition_penalty": 1.1,
                "presence_penalty": 0.5, "frequency_penalty": 0.5,
                "logit_bias": {50256: -100.0, 198: -5.0, 13: 2.0, 262: 1.5}}

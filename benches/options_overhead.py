@@ -257,7 +257,7 @@ def run(args, argv: list[str] | None) -> int:
     be = get_backend(args.backend)
     try:
         model = Gpt2.from_weights(GPT2_124M, weights_in_layout(random_weights(GPT2_124M), be, {}), be)
-        pipe = Pipeline(model, Tokenizer.from_file(ROOT / "gpt2" / "tokenizer.json"))
+        pipe = Pipeline(model, Tokenizer.from_file(ROOT / "inferno" / "data" / "gpt2" / "tokenizer.json"))
         load_before = os.getloadavg()[0]
         decode, per_step, in_loop, steps, short = measure_decode(pipe, args)
         score, lsm, lsm_diff = measure_scoring(pipe, args)

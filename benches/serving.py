@@ -48,11 +48,11 @@ def random_model_dir(directory: Path, seed: int = 0) -> Path:
     from inferno.bench import GPT2_124M, random_weights
 
     directory.mkdir(parents=True, exist_ok=True)
-    config = json.loads((ROOT / "gpt2" / "config.json").read_text())
+    config = json.loads((ROOT / "inferno" / "data" / "gpt2" / "config.json").read_text())
     shape = (config["n_embd"], config["n_layer"], config["n_positions"])
     assert shape == (GPT2_124M.n_embd, GPT2_124M.n_layer, GPT2_124M.n_positions), shape
     (directory / "config.json").write_text(json.dumps(config))
-    shutil.copy(ROOT / "gpt2" / "tokenizer.json", directory / "tokenizer.json")
+    shutil.copy(ROOT / "inferno" / "data" / "gpt2" / "tokenizer.json", directory / "tokenizer.json")
     save_file(random_weights(GPT2_124M, seed), str(directory / "model.safetensors"))
     return directory
 

@@ -25,7 +25,7 @@ from types import ModuleType
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-TOKENIZER_JSON = ROOT / "gpt2" / "tokenizer.json"
+TOKENIZER_JSON = ROOT / "inferno" / "data" / "gpt2" / "tokenizer.json"
 
 
 def oracle_helpers() -> ModuleType:

@@ -76,7 +76,7 @@ def write_model_dir(directory: Path, weights: dict[str, np.ndarray]) -> Path:
         tensors[f"h.{i}.attn.bias"] = mask
     save_file(tensors, str(directory / "model.safetensors"))
     for name in ("config.json", "tokenizer.json"):
-        shutil.copy(ROOT / "gpt2" / name, directory / name)
+        shutil.copy(ROOT / "inferno" / "data" / "gpt2" / name, directory / name)
     return directory
 
 

@@ -203,11 +203,10 @@ class ModelFiles:
 
 def shipped_gpt2_file(name: str) -> Path:
     """The config.json or tokenizer.json of openai-community/gpt2 that ship with inferno."""
-    here = Path(__file__).resolve().parent
-    for folder in (here / "data" / "gpt2", here.parent / "gpt2"):  # package data, else the checkout's
-        if (folder / name).is_file():
-            return folder / name
-    raise ModelFilesMissing([name], [here / "data" / "gpt2", here.parent / "gpt2"],
+    folder = Path(__file__).resolve().parent / "data" / "gpt2"  # package data (pyproject.toml)
+    if (folder / name).is_file():
+        return folder / name
+    raise ModelFilesMissing([name], [folder],
                             reason="the copy that ships with inferno is missing (a broken install?)")
 
 

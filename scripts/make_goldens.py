@@ -64,7 +64,7 @@ def main() -> None:
 
     config, sd = build_model(GREEDY_MODEL)
     model = hf_model(config, sd)
-    tok = Tokenizer.from_file(ROOT / "gpt2" / "tokenizer.json")
+    tok = Tokenizer.from_file(ROOT / "inferno" / "data" / "gpt2" / "tokenizer.json")
     cases = []
     for text in PROMPTS:
         ids = tok.encode(text)

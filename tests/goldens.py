@@ -15,7 +15,7 @@ from inferno.testing import random_state_dict, small_config, write_config, write
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "data" / "golden"
-TOKENIZER_JSON = ROOT / "gpt2" / "tokenizer.json"
+TOKENIZER_JSON = ROOT / "inferno" / "data" / "gpt2" / "tokenizer.json"
 #: Keys of a golden's "model" spec that are `random_state_dict` keywords; the rest are `small_config`'s.
 WEIGHT_KEYS = ("seed", "wpe_std", "attn_gain", "logit_gain")
 #: Each greedy golden of 32 tokens holds at least this many distinct ids: a model that repeats itself

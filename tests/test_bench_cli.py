@@ -17,7 +17,7 @@ from inferno.bench import GPT2_124M, random_weights, split_specs, weights_in_lay
 from inferno.cli.bench import run as run_bench_cli
 from inferno.testing import random_state_dict, small_config, write_config, write_hub_safetensors
 
-TOKENIZER = Path(__file__).resolve().parents[1] / "gpt2" / "tokenizer.json"
+TOKENIZER = Path(__file__).resolve().parents[1] / "inferno" / "data" / "gpt2" / "tokenizer.json"
 FAST = ["--prompt-tokens", "6", "--new-tokens", "3", "--repeat", "2", "--pause", "0", "--warmup", "0"]
 
 

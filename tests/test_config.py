@@ -9,7 +9,7 @@ import pytest
 
 from inferno.config import ConfigError, Gpt2Config
 
-REPO_CONFIG = Path(__file__).resolve().parent.parent / "gpt2" / "config.json"
+REPO_CONFIG = Path(__file__).resolve().parent.parent / "inferno" / "data" / "gpt2" / "config.json"
 
 GOOD = {"vocab_size": 64, "n_positions": 16, "n_embd": 16, "n_layer": 2, "n_head": 2}
 

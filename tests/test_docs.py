@@ -270,7 +270,7 @@ def test_readme_python_example_runs(load_test_model, capsys):
 
 
 def test_python_api_snippets_run(load_test_model, monkeypatch, capsys):
-    monkeypatch.chdir(ROOT)  # the tokenizer snippet reads gpt2/tokenizer.json
+    monkeypatch.chdir(ROOT)  # the tokenizer snippet reads inferno/data/gpt2/tokenizer.json
     namespace: dict = {}
     blocks = code_blocks(text(DOCS / "python-api.md"), "python")
     assert len(blocks) >= 5

@@ -21,6 +21,7 @@ import inferno
 from inferno.api import Pipeline
 from inferno.engine import Engine, EngineClosedError, EngineError, QueueFullError
 from inferno.generate import ContextLengthError, GenerationError
+from inferno.hub import shipped_gpt2_file
 from inferno.model import Gpt2, NonFiniteLogitsError, slot_bytes
 from inferno.options import GenerationOptions, OptionError
 
@@ -289,7 +290,7 @@ def test_engine_arguments_are_checked(pipe):
 
 
 def test_slot_memory():
-    config = inferno.Gpt2Config.from_file(__import__("goldens").ROOT / "gpt2" / "config.json")
+    config = inferno.Gpt2Config.from_file(shipped_gpt2_file("config.json"))
     assert slot_bytes(config) == 2 * 12 * 1024 * 768 * 4 == 75_497_472  # 72 MiB per slot at 124M
 
 

@@ -19,7 +19,7 @@ HUB_SHA256 = {
 
 @pytest.mark.parametrize("name", sorted(HUB_SHA256))
 def test_gpt2_files_are_the_hubs(name):
-    digest = hashlib.sha256((ROOT / "gpt2" / name).read_bytes()).hexdigest()
+    digest = hashlib.sha256((ROOT / "inferno" / "data" / "gpt2" / name).read_bytes()).hexdigest()
     assert digest == HUB_SHA256[name], f"gpt2/{name} differs from the Hub's file"
 
 
@@ -46,3 +46,26 @@ def test_no_message_or_doc_names_a_distribution_that_is_not_ours():
              for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1)
              if TAKEN_NAMES.search(line)]
     assert not found, "\n".join(found)
+
+
+@pytest.mark.slow
+def test_the_wheel_ships_the_gpt2_files_and_the_playground(tmp_path):
+    # `-m random`, `inferno bench` and the offline errors read openai-community/gpt2's config.json and
+    # tokenizer.json from the package; a wheel without them would fail on first use. The build fetches
+    # setuptools from the package index (as any `pip install` of the sdist does).
+    import shutil
+    import subprocess
+    import sys
+    import zipfile
+
+    source = tmp_path / "source"  # a copy: no stale build/ of the checkout's can slip into the wheel
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "dist", "mutants", "*.egg-info", "__pycache__", ".tox", "plugins"))
+    command = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path), str(source)]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (wheel,) = tmp_path.glob("inferno_gpt2-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for name in ("config.json", "tokenizer.json"):
+        assert f"inferno/data/gpt2/{name}" in names
+    assert {"inferno/serve/static/index.html", "inferno/serve/static/app.js"} <= names

@@ -31,6 +31,7 @@ from inferno.backends.threaded import (
 )
 from inferno.conformance.checks import all_checks
 from inferno.generate import generate_tokens
+from inferno.hub import shipped_gpt2_file
 from inferno.model import Gpt2
 from inferno.testing import random_state_dict, small_config
 
@@ -429,7 +430,7 @@ def test_ctrl_c_in_the_cli_exits_130(tmp_path):
     config = small_config(vocab_size=50257, n_positions=1024, n_embd=128, n_layer=4, n_head=4)
     write_config(tmp_path / "config.json", config)
     write_hub_safetensors(tmp_path / "model.safetensors", random_state_dict(config), config)
-    (tmp_path / "tokenizer.json").write_bytes((TESTS.parent / "gpt2" / "tokenizer.json").read_bytes())
+    (tmp_path / "tokenizer.json").write_bytes(shipped_gpt2_file("tokenizer.json").read_bytes())
     proc, seconds = _interrupt(textwrap.dedent(f"""
         print("ready", flush=True)
         from inferno.cli import main

@@ -20,7 +20,7 @@ import inferno.tokenizer as tokmod
 from inferno.tokenizer import IncrementalDecoder, Tokenizer, TokenizerError
 
 ROOT = Path(__file__).resolve().parent.parent
-TOKENIZER_JSON = ROOT / "gpt2" / "tokenizer.json"
+TOKENIZER_JSON = ROOT / "inferno" / "data" / "gpt2" / "tokenizer.json"
 ADVERSARIAL = Path(__file__).resolve().parent / "data" / "tokenizer" / "adversarial.txt"
 
 MIXED = (

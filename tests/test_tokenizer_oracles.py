@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 from inferno.tokenizer import Tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
-TOKENIZER_JSON = ROOT / "gpt2" / "tokenizer.json"
+TOKENIZER_JSON = ROOT / "inferno" / "data" / "gpt2" / "tokenizer.json"
 ADVERSARIAL = Path(__file__).resolve().parent / "data" / "tokenizer" / "adversarial.txt"
 
 # The sha256 sums tiktoken pins for OpenAI's GPT-2 vocab.bpe and encoder.json.

@@ -57,7 +57,7 @@ def ray_model_dir(tmp_path_factory) -> Path:
     directory = tmp_path_factory.mktemp("ray-model")
     write_config(directory / "config.json", config)
     write_hub_safetensors(directory / "model.safetensors", spread_state_dict(config, 7), config)
-    shutil.copy(ROOT / "gpt2" / "tokenizer.json", directory / "tokenizer.json")
+    shutil.copy(ROOT / "inferno" / "data" / "gpt2" / "tokenizer.json", directory / "tokenizer.json")
     return directory
 
 

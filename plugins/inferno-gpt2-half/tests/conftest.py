@@ -15,7 +15,7 @@ from inferno.testing import make_model_dir
 
 HERE = Path(__file__).resolve().parent
 # This plugin lives in inferno's repository; a plugin elsewhere would point at its own copy of gpt2/.
-TOKENIZER_JSON = HERE.parents[2] / "gpt2" / "tokenizer.json"
+TOKENIZER_JSON = HERE.parents[2] / "inferno" / "data" / "gpt2" / "tokenizer.json"
 
 CONFIG = Gpt2Config(vocab_size=50257, n_positions=64, n_embd=64, n_layer=2, n_head=4,
                     bos_token_id=50256, eos_token_id=50256)

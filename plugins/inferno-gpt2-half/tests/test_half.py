@@ -13,6 +13,7 @@ import inferno
 import numpy as np
 import pytest
 from inferno.backends.registry import get_backend, list_backends
+from inferno.hub import shipped_gpt2_file
 from safetensors.numpy import load_file, save_file
 
 import inferno_half.backend as hb
@@ -412,7 +413,7 @@ def test_load_peak_memory_is_at_most_1_2x_the_weights_held(tmp_path, fmt):
     save_file(random_weights(GPT2_124M), str(directory / "model.safetensors"))
     config = {k: getattr(GPT2_124M, k) for k in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head")}
     (directory / "config.json").write_text(json.dumps({**config, "model_type": "gpt2"}))
-    shutil.copy(Path(__file__).resolve().parents[3] / "gpt2" / "tokenizer.json", directory / "tokenizer.json")
+    shutil.copy(shipped_gpt2_file("tokenizer.json"), directory / "tokenizer.json")
     out = subprocess.run([sys.executable, "-c", RSS_SCRIPT, str(directory), f"half:dtype={fmt}"],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr

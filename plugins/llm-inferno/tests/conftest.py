@@ -10,7 +10,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[3]
 # This plugin lives in inferno's repository; a plugin elsewhere would ship its own tokenizer.json.
-TOKENIZER_JSON = REPO / "gpt2" / "tokenizer.json"
+TOKENIZER_JSON = REPO / "inferno" / "data" / "gpt2" / "tokenizer.json"
 
 from inferno.testing import make_model_dir, small_config  # noqa: E402 - the one random GPT-2 maker
 
