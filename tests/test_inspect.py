@@ -162,3 +162,32 @@ def test_a_broken_attention_weights_is_an_error_naming_the_backend():
     with pytest.raises(Exception, match="backend 'broken-weights': self_attention_weights returned attention "
                                         "weights that are not finite or whose rows do not sum to 1"):
         inspect_ids(model, IDS)
+
+
+def test_the_conformance_suite_catches_a_wrong_override():
+    # A plugin that overrides attention_weights proves it in the suite: one that forgets the causal mask
+    # (or rounds the weights to 16 bits) fails there, with the kernel and case named.
+    from inferno.conformance.checks import ConformanceError, all_checks
+
+    class Unmasked(NumpyBackend):
+        name = "unmasked"
+
+        def attention_weights(self, q, k_cache, offset):
+            t = q.shape[2]
+            scores = q @ k_cache[:, :, : offset + t].swapaxes(-1, -2) / np.sqrt(q.shape[3])
+            return self.softmax(scores).astype(np.float32)
+
+    class Float16(NumpyBackend):
+        name = "float16-weights"
+
+        def attention_weights(self, q, k_cache, offset):
+            return super().attention_weights(q, k_cache, offset).astype(np.float16).astype(np.float32)
+
+    checks = all_checks(kernels=["attention_weights", "self_attention_weights"])
+    assert len(checks) == 5
+    for check in checks:
+        check(NumpyBackend())
+    with pytest.raises(ConformanceError, match=r"attention_weights \[chunk-at-offset: .*weights differs"):
+        next(c for c in checks if c.id == "attention_weights-chunk-at-offset")(Unmasked())
+    with pytest.raises(ConformanceError, match=r"attention_weights \[gpt2-prefill: .*weights differs"):
+        next(c for c in checks if c.id == "attention_weights-gpt2-prefill")(Float16())
