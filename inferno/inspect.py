@@ -33,7 +33,12 @@ LENS_POSITIONS = 128
 
 
 class InspectionError(ValueError):
-    """A bad inspection request (an empty text, a layer or head out of range, a bad `top`)."""
+    """A bad inspection request (an empty text, a layer or head out of range, a bad `top`); `param` is
+    the argument at fault ("ids", "layers", "heads", "positions", "top")."""
+
+    def __init__(self, message: str, param: str = "ids") -> None:
+        super().__init__(message)
+        self.param = param
 
 
 @dataclass
@@ -70,15 +75,16 @@ def subset(name: str, values: Sequence[int] | int | None, count: int, what: str)
         values = [values]
     if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or not values:
         raise InspectionError(f"{name} must be a non-empty list of {what} in [0, {count}), "
-                              f"got {values!r:.60}")
+                              f"got {values!r:.60}", name)
     out = []
     for v in values:
         if isinstance(v, bool) or not isinstance(v, Integral) or not 0 <= v < count:
             raise InspectionError(f"{name}: {v!r:.40} is not one of the model's {what} (integers in "
-                                  f"[0, {count}))")
+                                  f"[0, {count}))", name)
         out.append(int(v))
     if len(set(out)) != len(out):
-        raise InspectionError(f"{name} lists {what} {sorted(v for v in out if out.count(v) > 1)[0]} twice")
+        raise InspectionError(f"{name} lists {what} {sorted(v for v in out if out.count(v) > 1)[0]} twice",
+                              name)
     return sorted(out)
 
 
@@ -104,7 +110,7 @@ def inspect_ids(model: Gpt2, ids: Sequence[int], *, layers: Sequence[int] | int 
     t = len(ids)
     positions = subset("positions", positions, t, "positions")
     if isinstance(top, bool) or not isinstance(top, Integral) or not 1 <= top <= limit:
-        raise InspectionError(f"top must be an integer in [1, {limit}], got {top!r}")
+        raise InspectionError(f"top must be an integer in [1, {limit}], got {top!r}", "top")
 
     be = model.kernels.kernels("inspect")
     cache = model.new_cache(1, t)
