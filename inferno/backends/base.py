@@ -10,7 +10,9 @@ H = n_head, D = C // H (head size), V = vocabulary size, P = n_positions.
 
 A backend implements the abstract kernels below. The *compositions* at the end (`mlp`,
 `self_attention`) are written in terms of the kernels; a faster backend may override them to fuse work,
-and the conformance suite checks overrides against the same float64 reference as the kernels.
+and the conformance suite checks overrides against the same float64 reference as the kernels. Two
+optional methods serve looking inside the model (`inferno.inspect`), never generation:
+`attention_weights` and `self_attention_weights`, whose defaults compute the weights on the host.
 """
 
 from __future__ import annotations
