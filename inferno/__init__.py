@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
-__all__ = ["Backend", "GenerationOptions", "GenerationResult", "Gpt2Config", "Pipeline", "ScoreResult",
-           "Tokenizer", "load", "__version__"]
+__all__ = ["Backend", "GenerationOptions", "GenerationResult", "Gpt2Config", "Inspection", "Pipeline",
+           "ScoreResult", "Tokenizer", "load", "__version__"]
 
 # Imported lazily so that `import inferno` (and `inferno --help`) stays cheap.
 _LAZY = {
@@ -21,6 +21,7 @@ _LAZY = {
     "GenerationResult": "inferno.generate",
     "GenerationOptions": "inferno.options",
     "ScoreResult": "inferno.scoring",
+    "Inspection": "inferno.inspect",
     "Gpt2Config": "inferno.config",
     "Tokenizer": "inferno.tokenizer",
     "Backend": "inferno.backends.base",
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from inferno.backends.base import Backend
     from inferno.config import Gpt2Config
     from inferno.generate import GenerationResult
+    from inferno.inspect import Inspection
     from inferno.options import GenerationOptions
     from inferno.scoring import ScoreResult
     from inferno.tokenizer import Tokenizer

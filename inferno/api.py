@@ -7,6 +7,7 @@
         print(piece, end="", flush=True)
     model.generate("Q: 2+2?\nA:", stop=["\n"], logprobs=5).logprobs
     model.score("The quick brown fox jumps over the lazy dog.").perplexity
+    model.inspect("The quick brown fox").logit_lens[-1][-1]   # what each layer would predict, and why
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from inferno.generate import (
     generate_tokens,
     token_ids,
 )
+from inferno.inspect import Inspection, inspect_ids
 from inferno.model import Gpt2
 from inferno.options import GenerationOptions, OptionError
 from inferno.scoring import ScoreResult, score_ids
@@ -178,6 +180,25 @@ class Pipeline:
         """
         ids = self.tokenizer.encode(text) if isinstance(text, str) else list(text)
         return score_ids(self.model, ids, stride, top_logprobs, self.sample_limit)
+
+
+    def inspect(
+        self, text_or_ids: str | Sequence[int], *, layers: Sequence[int] | int | None = None,
+        heads: Sequence[int] | int | None = None, positions: Sequence[int] | int | None = None,
+        top: int = 5,
+    ) -> Inspection:
+        """Look inside the model on `text_or_ids` (text is encoded as `generate` encodes it): the
+        attention weights of every block and head, float32 ``[len(layers), len(heads), T, T]`` (rows are
+        queries, columns keys), and the logit lens, ``logit_lens[layer][j]`` = the `top` most likely
+        (id, probability) pairs at position ``positions[j]`` from layer 0 (the embedding) to n_layer (the
+        model's own next-token distribution). `layers`, `heads` (the attention kept) and `positions`
+        (where the lens is read: each costs an LM head per layer) default to all. See `inferno.inspect`.
+        """
+        ids = check_ids(self.encode(text_or_ids), self.config)
+        result = inspect_ids(self.model, ids, layers=layers, heads=heads, positions=positions, top=top,
+                             sample_limit=self.sample_limit)
+        result.tokens = [self.tokenizer.decode([i]) for i in ids]
+        return result
 
 
 def load(

@@ -118,6 +118,14 @@ class Gpt2:
             x = be.add(x, be.mlp(h, blk.fc_w, blk.fc_b, blk.proj_w, blk.proj_b))
         return x
 
+    def block(self, be, i: int, x: Array, attend: Callable[[int, Block, Array], Array]) -> Array:
+        """Block i alone on the residual stream x: ``x + attn(ln_1(x))``, then ``+ mlp(ln_2(x))``, with
+        `attend` as for `_blocks`. The seam for callers that look at every layer (`inferno.inspect`)."""
+        blk, eps = self.blocks[i], self.config.layer_norm_epsilon
+        x = be.add(x, attend(i, blk, be.layernorm(x, blk.ln_1_g, blk.ln_1_b, eps)))
+        return be.add(x, be.mlp(be.layernorm(x, blk.ln_2_g, blk.ln_2_b, eps), blk.fc_w, blk.fc_b,
+                                blk.proj_w, blk.proj_b))
+
     def _logits(self, be, x: Array) -> Array:
         return be.lm_head(be.layernorm(x, self.ln_f_g, self.ln_f_b, self.config.layer_norm_epsilon),
                           self.lm_head_w)

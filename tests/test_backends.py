@@ -102,14 +102,16 @@ class FusedMlpWithoutBias(NumpyBackend):
         return self.linear(self.gelu_new(self.linear(x, w_fc, b_fc)), w_proj, None)
 
 
-ATTN = {"attention", "self_attention", "kv_cache", "model"}  # attention and everything built on it
+# attention and everything built on it (the inspection checks too: their caches are written by write_kv)
+ATTN = {"attention", "self_attention", "kv_cache", "model", "attention_weights", "self_attention_weights"}
 BROKEN = [
     # backend, the check that must fail, kernels allowed to fail with it (those built on the broken one)
     (WrongEpsLayernorm, "layernorm-small-variance", {"layernorm", "model"}),
     (OnePassLayernorm, "layernorm-large-mean", {"layernorm", "model"}),
     (NoCausalMask, "attention-gpt2-prefill", ATTN),
     (SoftmaxWithoutMax, "softmax-large-magnitude", {"softmax", *ATTN}),
-    (SplitHeadsWrongOrder, "split_heads-gpt2", {"split_heads", "self_attention", "model"}),
+    (SplitHeadsWrongOrder, "split_heads-gpt2",
+     {"split_heads", "self_attention", "self_attention_weights", "model"}),
     (AttentionReadsPastTheCache, "attention-gpt2-decode", ATTN),
     (QuickGelu, "gelu_new-gpt2-4C", {"gelu_new", "mlp", "model"}),
     (WriteKvIgnoresOffset, "write_kv-gpt2-offset", {"write_kv", *ATTN}),

@@ -170,7 +170,8 @@ def _help(argv: list[str]) -> str:
 #: shares are documented once, under generating.
 CLI_SECTIONS = {"": "## Generating: `inferno [PROMPT]`", "score": "## `inferno score`",
                 "batch": "## `inferno batch`", "serve": "## `inferno serve`",
-                "backends": "## `inferno backends`", "bench": "## `inferno bench`"}
+                "backends": "## `inferno backends`", "bench": "## `inferno bench`",
+                "inspect": "## `inferno inspect`"}
 SHARED_FLAGS = {"-m", "--model", "--model-dir", "-b", "--backend", "--threads"}
 
 
@@ -194,7 +195,8 @@ def test_every_flag_is_in_the_cli_page(subcommand):
 def test_cli_synopsis_and_short_flags():
     synopsis = code_blocks(text(DOCS / "cli.md"), "")[0]
     for flag in ("--version", "-f FILE", "-n N", "-m MODEL", "-t T", "-s S", "-b NAME", "-j",
-                 "inferno score", "inferno batch", "inferno serve", "inferno backends", "inferno bench"):
+                 "inferno score", "inferno batch", "inferno serve", "inferno backends", "inferno bench",
+                 "inferno inspect"):
         assert flag in synopsis, flag
 
 

@@ -10,7 +10,9 @@ H = n_head, D = C // H (head size), V = vocabulary size, P = n_positions.
 
 A backend implements the abstract kernels below. The *compositions* at the end (`mlp`,
 `self_attention`) are written in terms of the kernels; a faster backend may override them to fuse work,
-and the conformance suite checks overrides against the same float64 reference as the kernels.
+and the conformance suite checks overrides against the same float64 reference as the kernels. Two
+optional methods serve looking inside the model (`inferno.inspect`), never generation:
+`attention_weights` and `self_attention_weights`, whose defaults compute the weights on the host.
 """
 
 from __future__ import annotations
@@ -183,6 +185,33 @@ class Backend(ABC):
         x: [..., C]; wte: [V, C] as stored (do not materialise a transposed copy). Returns [..., V].
         """
 
+    # ------------------------------------------------------------------------ optional: looking inside
+
+    def attention_weights(self, q: Array, k_cache: Array, offset: int) -> np.ndarray:
+        """The softmax weights `attention` applies, for looking inside the model (`inferno.inspect`).
+
+        q: [B, H, T, D] at positions ``offset .. offset + T - 1``; k_cache: [B, H, L, D] with positions
+        ``0 .. offset + T - 1`` valid. Returns a host NumPy float32 array [B, H, T, S], S = offset + T:
+        row i is query i's weights over keys ``0 .. S - 1``, exactly 0 past key ``offset + i``, summing
+        to 1. The weights are reported, never computed on, so they come back on the host in float32
+        whatever the compute dtype.
+
+        Optional: the default reads q and the valid keys back with `to_numpy` and computes the causal
+        softmax in float64 on the host, so every backend has it. Only inspection calls it; generation,
+        scoring and the engine never do.
+        """
+        q64 = np.asarray(self.to_numpy(q), dtype=np.float64)
+        t, d = q64.shape[2], q64.shape[3]
+        s = offset + t
+        k64 = np.asarray(self.to_numpy(k_cache), dtype=np.float64)[:, :, :s, :]
+        scores = q64 @ k64.swapaxes(-1, -2) / np.sqrt(d)
+        # Query i sits at position offset + i and may not see keys after it.
+        scores[..., np.triu(np.ones((t, s), dtype=bool), k=offset + 1)] = -np.inf
+        scores -= scores.max(axis=-1, keepdims=True)
+        np.exp(scores, out=scores)
+        scores /= scores.sum(axis=-1, keepdims=True)
+        return scores.astype(np.float32)
+
     # ------------------------------------------------------------------------------------- compositions
 
     def mlp(self, x: Array, w_fc: Array, b_fc: Array, w_proj: Array, b_proj: Array) -> Array:
@@ -212,6 +241,30 @@ class Backend(ABC):
         k_cache, v_cache = self.write_kv(kv[0], kv[1], k, v, offset)
         y = self.merge_heads(self.attention(q, k_cache, v_cache, offset))
         return self.linear(y, w_proj, b_proj), (k_cache, v_cache)
+
+    def self_attention_weights(
+        self,
+        x: Array,
+        w_attn: Array,
+        b_attn: Array,
+        w_proj: Array,
+        b_proj: Array,
+        kv: tuple[Array, Array],
+        offset: int,
+        n_head: int,
+    ) -> tuple[Array, tuple[Array, Array], np.ndarray]:
+        """`self_attention` that also returns its attention weights: (output [B, T, C], updated kv,
+        host float32 weights [B, H, T, offset + T] as `attention_weights` gives them).
+
+        Optional, for looking inside the model (`inferno.inspect`): the default runs the composition of
+        `self_attention` and takes the weights from its q and keys with `attention_weights`. A backend
+        that fuses attention may override it to return the weights its own kernel computed.
+        """
+        q, k, v = self.split_heads(self.linear(x, w_attn, b_attn), n_head)
+        k_cache, v_cache = self.write_kv(kv[0], kv[1], k, v, offset)
+        y = self.merge_heads(self.attention(q, k_cache, v_cache, offset))
+        weights = self.attention_weights(q, k_cache, offset)
+        return self.linear(y, w_proj, b_proj), (k_cache, v_cache), weights
 
     def ragged_self_attention(
         self,

@@ -221,6 +221,41 @@ class _Guard:
             self._expect("self_attention", out, _shape(x) or ())
         return result
 
+    def self_attention_weights(self, x, w_attn, b_attn, w_proj, b_proj, kv, offset, n_head):
+        """Inspection's attention (`inferno.inspect`). The weights are checked on every call, not only
+        the first: they are host arrays that are shown as they are, so a wrong shape, a non-finite value
+        or a row that does not sum to 1 must be an error here rather than a wrong picture."""
+        result = self._call("self_attention_weights", x, w_attn, b_attn, w_proj, b_proj, kv, offset, n_head)
+        try:
+            out, new_kv, weights = result
+        except (TypeError, ValueError):
+            raise self._fail("self_attention_weights",
+                             "did not return (output, (k_cache, v_cache), weights)") from None
+        if self.shapes:
+            self.self_attention_result("self_attention_weights", x, kv, (out, new_kv))
+        b, t = (_shape(x) or (0, 0))[:2]
+        expected = (b, n_head, t, offset + t)
+        if not isinstance(weights, np.ndarray) or weights.shape != expected:
+            what = f"shape {weights.shape}" if isinstance(weights, np.ndarray) else type(weights).__name__
+            raise self._fail("self_attention_weights", f"returned attention weights of {what}, expected a "
+                             f"NumPy array of shape {expected}")
+        if not np.isfinite(weights).all() or np.abs(weights.sum(axis=-1, dtype=np.float64) - 1).max() > 1e-3:
+            raise self._fail("self_attention_weights", "returned attention weights that are not finite or "
+                             "whose rows do not sum to 1")
+        return out, new_kv, weights
+
+    def self_attention_result(self, kernel, x, kv_before, result) -> None:
+        """The checks of a (output, (k_cache, v_cache)) pair against the input x and the caches before."""
+        before = [_shape(a) for a in kv_before]
+        try:
+            out, (k, v) = result
+        except (TypeError, ValueError):
+            raise self._fail(kernel, "did not return (output, (k_cache, v_cache))") from None
+        if [_shape(k), _shape(v)] != before:
+            raise self._fail(kernel, f"returned KV caches of shapes {_shape(k)} and {_shape(v)}, expected "
+                             f"{before[0]}")
+        self._expect(kernel, out, _shape(x) or ())
+
     def ragged_self_attention(self, x, w_attn, b_attn, w_proj, b_proj, slot_kv, rows, n_head):
         before = [_shape(a) for kv in slot_kv for a in kv] if self.shapes else None
         out = self._call("ragged_self_attention", x, w_attn, b_attn, w_proj, b_proj, slot_kv, rows, n_head)

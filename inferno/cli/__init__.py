@@ -1,5 +1,5 @@
 """The `inferno` command: generate text, or run a subcommand (`inferno score`, `inferno batch`,
-`inferno serve`, `inferno backends`, `inferno bench`).
+`inferno serve`, `inferno inspect`, `inferno backends`, `inferno bench`).
 
     inferno "The quick brown fox" -n 50
     inferno --preset sample -s 1 "Once upon a time"
@@ -8,6 +8,7 @@
     inferno "Summary:" -f notes.txt            # the argument, a newline, then the file's text
     inferno score essay.txt --json
     inferno score texts.jsonl -o scores.jsonl  # every {"id", "text"} row; resumable (inferno/jobs)
+    inferno inspect "The quick brown fox" --layer 5   # attention and the logit lens
     inferno backends --json
     inferno -- backends            # generate from the prompt "backends"
 
@@ -23,7 +24,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from inferno.cli import backends, batch, generate, score
+from inferno.cli import backends, batch, generate, inspect, score
 from inferno.cli._args import EXIT_INTERRUPTED, EXIT_USAGE, CliError, user_errors  # noqa: F401 - CliError
 
 
@@ -52,8 +53,8 @@ def _run_serve(argv: Sequence[str]) -> int:
 
 
 SUBCOMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
-    "backends": backends.run, "batch": batch.run, "bench": _run_bench, "score": score.run,
-    "serve": _run_serve,
+    "backends": backends.run, "batch": batch.run, "bench": _run_bench, "inspect": inspect.run,
+    "score": score.run, "serve": _run_serve,
 }
 
 

@@ -44,6 +44,11 @@ sequences). The greedy checks compare token ids with the reference's up to the f
 where the reference's logits of the two ids differ by less than twice the model tolerance (either id is
 then right, and the sequences may part there).
 
+**Looking inside** (`inferno.inspect`): ``attention_weights`` (host float32 weights [B, H, T, S], equal
+to the reference's softmax, exactly 0 past each query's position, garbage past the valid keys unseen)
+and ``self_attention_weights`` (its output, cache and weights). Both have defaults in `Backend`; a
+backend that overrides them proves the override here.
+
 **Ragged batches** (continuous batching): ``embedding`` with a positions array instead of an int offset,
 ``concat``, and ``ragged_self_attention``, whose reference is each row's own batch-1 causal attention over
 its slot's keys 0 .. offset + i only: the checks put large garbage (or a stale earlier sequence) past
@@ -494,6 +499,30 @@ for _case, (_b, _h, _t, _d, _off, _len) in {
          _attention, b=_b, h=_h, t=_t, d=_d, offset=_off, length=_len)
 
 
+def _attention_weights(run: _Run, b, h, t, d, offset, length) -> None:
+    # The optional inspection kernel: host float32 weights [B, H, T, offset + T], causal, rows summing to
+    # 1, equal to the reference's softmax (garbage past the valid keys must not show).
+    k_cache, _, k64, _ = _fill_cache(run, b, h, length, d, offset + t)
+    q, q64 = run.array(run.normal((b, h, t, d)))
+    got = run.backend.attention_weights(q, k_cache, offset)
+    if not isinstance(got, np.ndarray) or got.dtype != np.float32:
+        run.fail(f"returned {type(got).__name__} {getattr(got, 'dtype', '')}, expected a host NumPy float32 "
+                 "array (the weights are reported, not computed on)")
+    run.expect(got, ref.attention_weights(q64, k64, offset), what="weights")
+    if np.triu(got, k=offset + 1).any():
+        run.fail("weights above the causal diagonal (a query attending to a later key) are not 0")
+
+
+for _case, (_b, _h, _t, _d, _off, _len) in {
+    "gpt2-prefill": (1, 12, 16, 64, 0, 16),
+    "chunk-at-offset": (2, 3, 4, 5, 6, 12),
+    "T1-offset-0": (2, 3, 1, 5, 0, 4),
+}.items():
+    _add("attention_weights", _case,
+         f"q {_shape((_b, _h, _t, _d))} at offset {_off}, cache length {_len} (garbage past {_off + _t})",
+         _attention_weights, b=_b, h=_h, t=_t, d=_d, offset=_off, length=_len)
+
+
 def _lm_head(run: _Run, x_shape, v) -> None:
     x, x64 = run.array(run.normal(x_shape))
     wte, wte64 = run.weight("wte.weight", run.normal((v, x_shape[-1]), scale=0.5))
@@ -556,6 +585,25 @@ _add("self_attention", "gpt2-decode", "x [1, 4, 768] then [1, 1, 768] twice, H 1
      kind="composition", b=1, c=768, h=12, chunks=[4, 1, 1], length=8)
 _add("self_attention", "H3-D5-chunks", "x [2, T, 15] for T = 5, 1, 2, H 3, cache 9", _self_attention,
      kind="composition", b=2, c=15, h=3, chunks=[5, 1, 2], length=9)
+
+
+def _self_attention_weights(run: _Run, b, c, h, t) -> None:
+    """The optional inspection composition: self_attention's output and cache, and its weights."""
+    weights, weights64 = _attn_weights(run, c)
+    kv = run.backend.new_kv_cache(b, h, t, c // h)
+    x, x64 = run.array(run.normal((b, t, c)))
+    y, kv, got = run.backend.self_attention_weights(x, *weights, kv, 0, h)
+    want, k64, _ = ref.self_attention(x64, *weights64, h)
+    run.expect(y, want, what="output", factor=4)
+    run.expect(run.host(kv[0], "k_cache")[:, :, :t], k64, what="k_cache", factor=4)
+    q64 = ref.split_heads(ref.linear(x64, weights64[0], weights64[1]), h)[0]
+    run.expect(got, ref.attention_weights(q64, k64, 0), what="weights", factor=4)
+
+
+_add("self_attention_weights", "gpt2", "x [1, 6, 768], H 12, cache 6", _self_attention_weights,
+     kind="composition", b=1, c=768, h=12, t=6)
+_add("self_attention_weights", "H3-D5", "x [2, 7, 15], H 3, cache 7", _self_attention_weights,
+     kind="composition", b=2, c=15, h=3, t=7)
 
 
 _KV = {"k_cache": "keys", "v_cache": "values"}

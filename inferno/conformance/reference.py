@@ -78,6 +78,16 @@ def attention(q, k, v, offset):
     return softmax(np.where(visible, scores, -np.inf)) @ v
 
 
+def attention_weights(q, k, offset):
+    """The softmax weights [B, H, T, offset + T] of `attention` (the keys past offset + T ignored)."""
+    q = f64(q)
+    t, d = q.shape[2], q.shape[3]
+    s = offset + t
+    scores = q @ f64(k)[:, :, :s].swapaxes(-1, -2) / math.sqrt(d)
+    visible = np.arange(s)[None, :] <= (offset + np.arange(t))[:, None]  # [T, S]
+    return softmax(np.where(visible, scores, -np.inf))
+
+
 def lm_head(x, wte):
     return f64(x) @ f64(wte).T
 

@@ -5,7 +5,7 @@
 
 Routes (`inferno.serve.routes`): ``POST /v1/completions``, ``POST /v1/chat/completions``,
 ``GET /v1/models``, ``GET /health``,
-``POST /tokenize``, ``POST /detokenize``, ``GET /tokenizer_info``, ``GET /metrics`` (and
+``POST /tokenize``, ``POST /detokenize``, ``GET /tokenizer_info``, ``POST /v1/inspect``, ``GET /metrics`` (and
 ``/openapi.json``, ``/docs``); ``GET /`` and ``/static/*`` are the playground, which need no API key.
 The model loads in the background (`inferno.serve.state`); a client that disconnects while queued or
 generating is cancelled, which frees its KV slot before the next step.

@@ -256,7 +256,53 @@ class DetokenizeRequest(_Request):
     tokens: list[TokenId]
 
 
+#: /v1/inspect: the most attention weights one response carries (layers × heads × T × T); a larger
+#: request is a 400 that says to ask for fewer layers or heads.
+MAX_INSPECT_WEIGHTS = 1 << 24
+#: /v1/inspect: the most tokens of the logit lens per position.
+MAX_INSPECT_TOP = 20
+LayerOrHead = Annotated[int, Field(ge=0), JSON_INT]
+
+
+class InspectRequest(_Request):
+    """``POST /v1/inspect`` (an extension): the attention weights and the logit lens of one prompt."""
+
+    prompt: str | TokenIds = Field(description="Text (<|endoftext|> is the special token; empty: "
+                                   "<|endoftext|>) or token ids: one prompt, at most the context long.")
+    layers: Annotated[list[LayerOrHead], Field(min_length=1)] | None = Field(
+        None, description="Blocks whose attention is returned (0-based; default all).")
+    heads: Annotated[list[LayerOrHead], Field(min_length=1)] | None = Field(
+        None, description="Heads whose attention is returned (default all).")
+    positions: Annotated[list[LayerOrHead], Field(min_length=1)] | None = Field(
+        None, description="Positions whose logit lens is returned (default all; each costs an LM head "
+        "per layer).")
+    top: Annotated[int, Field(ge=1, le=MAX_INSPECT_TOP), JSON_INT] | None = Field(
+        None, description="Tokens of the logit lens per position and layer (default 5).")
+
+
 # -------------------------------------------------------------------------------------------- responses
+
+
+class LensEntry(BaseModel):
+    token: str
+    token_id: int
+    probability: float
+
+
+class InspectResponse(BaseModel):
+    """`attention[a][b][i][j]`: block ``layers[a]``, head ``heads[b]``, query i, key j (0 for j > i),
+    rounded to 4 decimals. `logit_lens[l][k]`: layer l (0: the embedding; l: after block l - 1; the
+    last: the model's own next-token distribution) at position ``positions[k]``, most likely first."""
+
+    object: Literal["inspection"] = "inspection"
+    model: str
+    tokens: list[str]
+    token_ids: list[int]
+    layers: list[int]
+    heads: list[int]
+    positions: list[int]
+    attention: list[list[list[list[float]]]]
+    logit_lens: list[list[list[LensEntry]]]
 
 FinishReason = Literal["stop", "length", "cancelled"]
 

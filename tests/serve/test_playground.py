@@ -8,7 +8,8 @@ Screenshot of the page after a generation (docs/playground.png):
     python tests/serve/test_playground.py --screenshot docs/playground.png
 
 (the same as ``PLAYGROUND_SCREENSHOT=docs/playground.png pytest tests/serve/test_playground.py -k
-screenshot``).
+screenshot``). "Look inside" (docs/images/inspect.png): ``INSPECT_SCREENSHOT=docs/images/inspect.png pytest
+tests/serve/test_playground.py -k inspect_screenshot``.
 """
 
 from __future__ import annotations
@@ -262,6 +263,167 @@ def test_screenshot(browser, server, tmp_path):
     width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
     assert width >= 800 and height >= 600, (width, height)
     assert len(data) > 20_000  # a blank page compresses to a few kB
+
+
+# ------------------------------------------------------------------------------------------ look inside
+
+
+def heat(v: float) -> int:
+    """The red (and green) channel of a heatmap cell of weight v (app.js heat): 255 white, 0 full blue."""
+    return math.floor(255 * (1 - min(1.0, max(0.0, v))) + 0.5)
+
+
+def inspect_api(server, ids: list[int], layer: int, position: int) -> dict:
+    body = {"prompt": ids, "layers": [layer], "positions": [position], "top": 5}
+    r = httpx.post(server.url + "/v1/inspect", json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def heatmap_channels(driver) -> dict[int, list[list[int]]]:
+    """Each drawn heatmap's red channel, by head: [query][key]."""
+    return driver.execute_script("""
+        const out = {};
+        for (const fig of document.querySelectorAll('#heatmaps .heatmap')) {
+          const c = fig.querySelector('canvas');
+          const data = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+          const rows = [];
+          for (let i = 0; i < c.height; i++) {
+            const row = [];
+            for (let j = 0; j < c.width; j++) row.push(data[4 * (i * c.width + j)]);
+            rows.push(row);
+          }
+          out[fig.dataset.head] = rows;
+        }
+        return out;""")
+
+
+def lens_cells(driver) -> list[list[tuple[int, float, bool]]]:
+    return [[(int(td.get_attribute("data-id")), float(td.get_attribute("data-p")),
+              "chosen" in (td.get_attribute("class") or "")) for td in row.find_elements(By.TAG_NAME, "td")]
+            for row in driver.find_elements(By.CSS_SELECTOR, "#lens tr.lens-row")]
+
+
+def selected(driver) -> int:
+    span = driver.find_element(By.CSS_SELECTOR, "#inspect-tokens [aria-selected=true]")
+    return int(span.get_attribute("data-sel"))
+
+
+def assert_drawn(driver, api: dict, heads: list[int]) -> None:
+    channels = heatmap_channels(driver)
+    assert sorted(int(h) for h in channels) == heads
+    for h in heads:
+        want = [[heat(v) for v in row] for row in api["attention"][0][h]]
+        assert channels[str(h)] == want, f"head {h}"
+
+
+def test_look_inside_draws_the_apis_attention_and_logit_lens(browser, server):
+    driver = browser
+    open_page(driver, server)
+    driver.find_element(By.ID, "mode-inspect").click()
+    assert not driver.find_element(By.ID, "controls").is_displayed()
+    assert text_of(driver, "generate") == "Look inside"
+    text = "The quick brown fox jumps over"
+    set_value(driver, "prompt", text)
+    driver.find_element(By.ID, "prompt").send_keys("\ue009\ue007")  # Ctrl+Enter
+    wait(driver, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#lens tr.lens-row")) > 0)
+    ids = httpx.post(server.url + "/tokenize", json={"content": text}, timeout=30).json()["tokens"]
+    t = len(ids)
+    strip = driver.find_elements(By.CSS_SELECTOR, "#inspect-tokens .tok")
+    assert [int(s.get_attribute("data-id")) for s in strip[:-1]] == ids and len(strip) == t + 1
+    assert selected(driver) == t  # "what comes next" after the text
+    api = inspect_api(server, ids, 0, t - 1)
+    assert "".join(s.text for s in strip[:-1]) == "".join(api["tokens"])
+    n_head, n_layer = len(api["heads"]), len(api["logit_lens"]) - 1
+    assert_drawn(driver, api, list(range(n_head)))  # every head of block 0: the small multiples
+    # The lens after the last token, every layer, most likely first; nothing chosen yet (it is the future).
+    assert lens_cells(driver) == [[(e["token_id"], e["probability"], False) for e in layer[0]]
+                                  for layer in api["logit_lens"]]
+    assert len(lens_cells(driver)) == n_layer + 1
+    assert "attends most to" in text_of(driver, "attends")
+
+    # Another block, one head: the selectors ask the server for what is new.
+    from selenium.webdriver.support.ui import Select
+
+    Select(driver.find_element(By.ID, "layer")).select_by_value(str(n_layer - 1))
+    api = inspect_api(server, ids, n_layer - 1, t - 1)
+    head0 = [[heat(v) for v in r] for r in api["attention"][0][0]]
+    wait(driver, lambda d: heatmap_channels(d).get("0") == head0)
+    Select(driver.find_element(By.ID, "head")).select_by_value("2")
+    assert_drawn(driver, api, [2])
+
+    # The keyboard: the arrow keys move the selection; token s is the model choosing it at s - 1.
+    driver.find_element(By.CSS_SELECTOR, "#inspect-tokens [aria-selected=true]").send_keys("\ue012")  # Left
+    wait(driver, lambda d: selected(d) == t - 1)
+    api = inspect_api(server, ids, n_layer - 1, t - 2)
+    wait(driver, lambda d: [[c[:2] for c in row] for row in lens_cells(d)]
+         == [[(e["token_id"], e["probability"]) for e in layer[0]] for layer in api["logit_lens"]])
+    for row, layer in zip(lens_cells(driver), api["logit_lens"], strict=True):
+        assert [c[2] for c in row] == [e["token_id"] == ids[t - 1] for e in layer[0]]  # the chosen, outlined
+    assert f"position {t - 2}" in text_of(driver, "lens-caption")
+    active = driver.switch_to.active_element
+    assert active.get_attribute("data-sel") == str(t - 1)  # focus follows the selection
+    active.send_keys("\ue011")  # Home: the first token has no prediction
+    wait(driver, lambda d: selected(d) == 0)
+    wait(driver, lambda d: "first token has no prediction" in text_of(d, "lens-caption"))
+    assert severe(driver) == []
+
+
+def test_a_click_on_a_generated_or_scored_token_opens_it(browser, server):
+    driver = browser
+    open_page(driver, server)
+    prompt = "Once upon a time"
+    generate(driver, prompt, 6, seed="2")
+    wait(driver, done)
+    spans = driver.find_elements(By.CSS_SELECTOR, "#output .tok")
+    spans[2].click()
+    wait(driver, lambda d: d.find_element(By.ID, "inspect").is_displayed()
+         and len(d.find_elements(By.CSS_SELECTOR, "#lens tr.lens-row")) > 0)
+    prompt_ids = httpx.post(server.url + "/tokenize", json={"content": prompt}, timeout=30).json()["tokens"]
+    ids = prompt_ids + [int(s.get_attribute("data-id")) for s in spans]
+    strip = driver.find_elements(By.CSS_SELECTOR, "#inspect-tokens .tok")
+    assert [int(s.get_attribute("data-id")) for s in strip[:-1]] == ids
+    sel = len(prompt_ids) + 2
+    assert selected(driver) == sel
+    api = inspect_api(server, ids, 0, sel - 1)
+    cells = lens_cells(driver)
+    assert [[c[:2] for c in row] for row in cells] == [[(e["token_id"], e["probability"]) for e in layer[0]]
+                                                       for layer in api["logit_lens"]]
+    # Greedy: the chosen token is the output layer's first.
+    assert cells[-1][0][0] == ids[sel] and cells[-1][0][2]
+    # A scored text: token k is position k.
+    driver.find_element(By.ID, "mode-score").click()
+    set_value(driver, "prompt", "The cat sat on the mat.")
+    driver.find_element(By.ID, "generate").click()
+    wait(driver, lambda d: text_of(d, "perplexity") != "")
+    spans = driver.find_elements(By.CSS_SELECTOR, "#output .tok")
+    driver.execute_script("arguments[0].focus()", spans[3])
+    spans[3].send_keys("\ue007")  # Enter
+    wait(driver, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#inspect-tokens .tok")) == len(spans) + 1
+         and selected(d) == 3)
+    assert severe(driver) == []
+
+
+def test_inspect_screenshot(browser, server, tmp_path):
+    """"Look inside" as a picture (docs/images/inspect.png with $INSPECT_SCREENSHOT): every head of a block
+    and the logit lens of a token; a PNG of the window's size that is not blank."""
+    path = os.environ.get("INSPECT_SCREENSHOT") or str(tmp_path / "inspect.png")
+    driver = browser
+    driver.set_window_size(1100, 1250)
+    open_page(driver, server)
+    driver.find_element(By.ID, "mode-inspect").click()
+    set_value(driver, "prompt", "The quick brown fox jumps over the lazy dog because it")
+    driver.find_element(By.ID, "generate").click()
+    wait(driver, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#lens tr.lens-row")) > 0)
+    driver.find_element(By.CSS_SELECTOR, "#inspect-tokens [aria-selected=true]").send_keys("\ue012")
+    wait(driver, lambda d: "outlined" in text_of(d, "lens-caption"))
+    driver.execute_script("document.getElementById('inspect').scrollIntoView()")
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    assert driver.save_screenshot(str(path))
+    data = Path(path).read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    assert int.from_bytes(data[16:20], "big") >= 800 and len(data) > 20_000
+
 
 if __name__ == "__main__":
     args = sys.argv[1:]

@@ -80,6 +80,11 @@ NUMBER_SLOTS = [
     ("/v1/completions", '{"prompt": [{}], "max_tokens": 1}'),
     ("/v1/completions", '{"prompt": [[1, {}]], "max_tokens": 1}'),
     ("/detokenize", '{"tokens": [{}]}'),
+    ("/v1/inspect", '{"prompt": [1, {}]}'),
+    ("/v1/inspect", '{"prompt": "a", "layers": [{}]}'),
+    ("/v1/inspect", '{"prompt": "a", "heads": [0, {}]}'),
+    ("/v1/inspect", '{"prompt": "a", "positions": [{}]}'),
+    ("/v1/inspect", '{"prompt": "a", "top": {}}'),
     ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "a"}], "max_tokens": {}}'),
     ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "a"}], "max_tokens": 1, '
      '"max_completion_tokens": {}}'),

@@ -25,7 +25,8 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
 
 # (method, path, examples, mode): the operations with a body get valid and invalid bodies; the others
 # have no inputs, so a few calls say all there is.
-_BODIES = [("POST", path) for path in ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize")]
+_BODIES = [("POST", path) for path in ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize",
+                                       "/v1/inspect")]
 _GETS = [("GET", path) for path in ("/v1/models", "/health", "/tokenizer_info", "/metrics")]
 # Chat's valid requests run to the context's end unless they set max_tokens: fewer of them.
 OPERATIONS = [(m, p, MAX_EXAMPLES // 2 if p == "/v1/chat/completions" and mode == GenerationMode.POSITIVE
@@ -89,7 +90,7 @@ def test_the_document_declares_the_routes(server):
     doc = httpx.get(server.url + "/openapi.json", timeout=30).json()
     paths = doc["paths"]
     for path in ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/tokenize",
-                 "/detokenize", "/tokenizer_info", "/metrics"):
+                 "/detokenize", "/tokenizer_info", "/metrics", "/v1/inspect"):
         assert path in paths
     completions = paths["/v1/completions"]["post"]["responses"]
     assert "text/event-stream" in completions["200"]["content"]

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from inferno.serve.routes import chat, completions, info, playground, tokenizer
+from inferno.serve.routes import chat, completions, info, inspect, playground, tokenizer
 
-ROUTERS = (completions.router, chat.router, info.router, tokenizer.router, playground.router)
+ROUTERS = (completions.router, chat.router, info.router, tokenizer.router, inspect.router, playground.router)

@@ -1,6 +1,7 @@
 // inferno playground: streams POST /v1/completions (fetch + ReadableStream; EventSource cannot POST),
 // one focusable span per token shaded by its probability, the top 5 alternatives on hover or focus.
 // Token ids come from the server's `return_token_ids` extension (see inferno/serve/completions.py).
+// "Look inside" (a mode, or a click on a token) draws POST /v1/inspect: attention heatmaps and the logit lens.
 "use strict";
 
 (() => {
@@ -12,6 +13,7 @@
   const ALIASES = { stop_token_ids: "stop", logit_bias: null, n: null };
 
   let controller = null; // the AbortController of the request in flight
+  let lastRun = null;    // {mode, prompt} of the text in the output, for opening its tokens in "Look inside"
   let tokens = [];       // per token span: {text, id, logprob, top: [{text, logprob, id}]}
   let activeTip = null;
 
@@ -222,7 +224,12 @@
   async function run() {
     if (controller) return;
     clearErrors();
+    if (mode() === "inspect") {
+      await inspectText($("prompt").value);
+      return;
+    }
     resetOutput();
+    lastRun = { mode: mode(), prompt: $("prompt").value };
     const scoring = mode() === "score";
     const body = { prompt: $("prompt").value, logprobs: TOP_N, return_token_ids: true };
     try {
@@ -345,12 +352,266 @@
     setStatus("Done.");
   }
 
+  // ------------------------------------------------------------------------------- look inside
+  // One request a (block, position): that block's attention (every head) and the logit lens at that
+  // position, kept as they come, so that moving around asks the server only for what is new. Selecting
+  // token s shows the model choosing it: the query at s - 1 and its lens (s = ids.length is "what comes
+  // next"; token 0 has no prediction).
+  const insp = { ids: [], texts: [], sel: 0, layer: 0, head: "all", nLayer: 0, nHead: 0, eos: 50256,
+                 attention: new Map(), lens: new Map(), fromOutput: false, seq: 0 };
+  const query = () => Math.max(0, insp.sel - 1);
+  const heat = (v) => Math.round(255 * (1 - Math.min(1, Math.max(0, v))));
+  const lensShade = (p) => `hsl(210 80% ${Math.round(97 - 45 * Math.min(1, Math.max(0, p)))}%)`;
+
+  function inspectStatus(text) { $("inspect-status").textContent = text; }
+
+  async function tokenize(text) {
+    const resp = await fetch("/tokenize", { method: "POST", headers: headers(),
+                                            body: JSON.stringify({ content: text }) });
+    if (!resp.ok) {
+      await errorFromResponse(resp);
+      return null;
+    }
+    const ids = (await resp.json()).tokens;
+    return ids.length ? ids : [insp.eos];  // an empty text is <|endoftext|>, as for the completions
+  }
+
+  async function inspectText(text) {
+    setStatus("Looking inside\u2026");
+    const ids = await tokenize(text);
+    if (ids) await openInspect(ids, ids.length, false);
+  }
+
+  async function openFromOutput(span) {
+    if (!lastRun || controller) return;
+    const k = Number(span.dataset.index);
+    const ids = tokens.map((t) => t.id);
+    if (ids.some((i) => i === null)) return;
+    let before = [];
+    if (lastRun.mode === "generate") {
+      before = await tokenize(lastRun.prompt);
+      if (!before) return;
+    }
+    await openInspect(before.concat(ids), before.length + k, true);
+  }
+
+  async function openInspect(ids, sel, fromOutput) {
+    Object.assign(insp, { ids, sel, texts: [], attention: new Map(), lens: new Map(), fromOutput });
+    $("err-inspect").textContent = "";
+    $("inspect").hidden = false;
+    if (await fetchMissing()) {
+      setStatus("Done.");
+      draw();
+      const chosen = $("inspect-tokens").querySelector("[aria-selected=true]");
+      if (chosen) { chosen.scrollIntoView({ block: "nearest" }); chosen.focus(); }
+    }
+  }
+
+  async function fetchMissing() {
+    const q = query();
+    if (insp.attention.has(insp.layer) && insp.lens.has(q)) return true;
+    const seq = ++insp.seq;
+    inspectStatus("Looking inside\u2026");
+    const body = { prompt: insp.ids, layers: [insp.layer], positions: [q], top: TOP_N };
+    let resp;
+    try {
+      resp = await fetch("/v1/inspect", { method: "POST", headers: headers(), body: JSON.stringify(body) });
+    } catch (error) {
+      $("err-inspect").textContent = sentence(`the request failed: ${error && error.message}`);
+      return false;
+    }
+    if (!resp.ok) {
+      inspectStatus("");
+      let error = null;
+      try { error = (await resp.json()).error; } catch (_) { /* not JSON */ }
+      error = error || { message: `the server answered ${resp.status} ${resp.statusText}` };
+      if (mode() === "inspect") showError(error, resp.status);  // beside the text, as for the other modes
+      $("err-inspect").textContent = sentence(error.message);
+      return false;
+    }
+    const r = await resp.json();
+    insp.texts = r.tokens;
+    insp.nHead = r.heads.length;
+    insp.nLayer = r.logit_lens.length - 1;
+    insp.attention.set(r.layers[0], r.attention[0]);
+    insp.lens.set(r.positions[0], r.logit_lens.map((layer) => layer[0]));
+    if (seq === insp.seq) inspectStatus("");
+    return seq === insp.seq;
+  }
+
+  async function refresh() {
+    if (await fetchMissing()) draw();
+  }
+
+  function select(sel, focus) {
+    if (!insp.ids.length) return;
+    insp.sel = Math.max(0, Math.min(insp.ids.length, sel));
+    drawTokens(focus);
+    refresh();
+  }
+
+  function options(el, values, current) {
+    if (el.options.length === values.length) return;
+    el.textContent = "";
+    for (const [value, text] of values) {
+      const o = document.createElement("option");
+      o.value = String(value);
+      o.textContent = text;
+      el.appendChild(o);
+    }
+    el.value = String(current);
+  }
+
+  function draw() {
+    const layers = Array.from({ length: insp.nLayer }, (_, l) => [l, `block ${l}`]);
+    options($("layer"), layers, insp.layer);
+    const heads = [["all", "All heads"], ...Array.from({ length: insp.nHead }, (_, h) => [h, `head ${h}`])];
+    options($("head"), heads, insp.head);
+    drawTokens(false);
+    drawHeatmaps();
+    drawLens();
+  }
+
+  function drawTokens(focus) {
+    // Updated in place once built, so that the focused token keeps the focus while data arrives.
+    const strip = $("inspect-tokens");
+    const n = insp.ids.length;
+    if (strip.dataset.ids !== insp.ids.join(",") || strip.dataset.texts !== String(insp.texts.length)) {
+      strip.textContent = "";
+      strip.dataset.ids = insp.ids.join(",");
+      strip.dataset.texts = String(insp.texts.length);
+      for (let s = 0; s <= n; s++) {
+        const span = document.createElement("span");
+        span.className = "tok" + (s === n ? " next" : "");
+        span.setAttribute("role", "option");
+        span.dataset.sel = String(s);
+        if (s < n) span.dataset.id = String(insp.ids[s]);
+        span.textContent = s < n ? (insp.texts[s] !== undefined ? insp.texts[s] : "\u2026") : " \u27e8next\u27e9";
+        strip.appendChild(span);
+      }
+    }
+    for (const span of strip.children) {
+      const on = Number(span.dataset.sel) === insp.sel;
+      span.setAttribute("aria-selected", String(on));
+      span.tabIndex = on ? 0 : -1;  // one tab stop; the arrow keys move inside
+      if (on && focus) span.focus();
+    }
+  }
+
+  function drawHeatmaps() {
+    const box = $("heatmaps");
+    box.textContent = "";
+    const weights = insp.attention.get(insp.layer);
+    if (!weights) return;
+    const t = insp.ids.length;
+    const heads = insp.head === "all" ? weights.map((_, h) => h) : [insp.head];
+    const size = heads.length > 1 ? Math.max(120, Math.min(200, 4 * t)) : Math.max(240, Math.min(480, 12 * t));
+    box.style.setProperty("--cell", size + 8 + "px");
+    const q = query();
+    for (const h of heads) {
+      const fig = document.createElement("div");
+      fig.className = "heatmap";
+      fig.dataset.head = String(h);
+      const title = document.createElement("div");
+      title.className = "title";
+      title.textContent = `block ${insp.layer}, head ${h}`;
+      const canvas = document.createElement("canvas");
+      canvas.width = t;
+      canvas.height = t;
+      canvas.style.width = canvas.style.height = size + "px";
+      canvas.setAttribute("role", "img");
+      canvas.setAttribute("aria-label", `Attention of block ${insp.layer}, head ${h}: ${t} queries by ${t} keys`);
+      const image = canvas.getContext("2d").createImageData(t, t);
+      const rows = weights[h];
+      for (let i = 0; i < t; i++) {
+        for (let j = 0; j < t; j++) {
+          const c = heat(rows[i][j]);
+          const at = 4 * (i * t + j);
+          image.data[at] = c; image.data[at + 1] = c; image.data[at + 2] = 255; image.data[at + 3] = 255;
+        }
+      }
+      canvas.getContext("2d").putImageData(image, 0, 0);
+      canvas.addEventListener("mousemove", (e) => {
+        const i = Math.min(t - 1, Math.floor(e.offsetY / size * t));
+        const j = Math.min(t - 1, Math.floor(e.offsetX / size * t));
+        inspectStatus(`head ${h}: query ${i} \u201c${visible(insp.texts[i] || "")}\u201d \u2192 key ${j} ` +
+                      `\u201c${visible(insp.texts[j] || "")}\u201d: ${rows[i][j].toFixed(4)}`);
+      });
+      const mark = document.createElement("div");
+      mark.className = "row";
+      mark.style.height = Math.max(1, size / t) + "px";
+      const wrap = document.createElement("div");
+      wrap.style.position = "relative";
+      wrap.style.width = size + 2 + "px";  // the row mark spans the canvas (and its border), no wider
+      wrap.appendChild(canvas);
+      wrap.appendChild(mark);
+      mark.style.top = (q * size / t) + "px";
+      fig.appendChild(title);
+      fig.appendChild(wrap);
+      box.appendChild(fig);
+    }
+    // In words, for the keyboard and screen readers: what the selected query attends to most.
+    const say = heads.map((h) => {
+      const row = weights[h][q].slice(0, q + 1);
+      const best = row.map((v, j) => [v, j]).sort((a, b) => b[0] - a[0] || a[1] - b[1]).slice(0, 3);
+      return `head ${h}: ` + best.map(([v, j]) => `\u201c${visible(insp.texts[j] || "")}\u201d ${v.toFixed(2)}`).join(", ");
+    });
+    $("attends").textContent = `Query ${q} \u201c${visible(insp.texts[q] || "")}\u201d attends most to \u2014 ` +
+      say.join("; ");
+  }
+
+  function drawLens() {
+    const table = $("lens");
+    table.textContent = "";
+    const n = insp.ids.length;
+    if (insp.sel === 0) {
+      $("lens-caption").textContent = "Logit lens: the first token has no prediction (nothing comes before it)";
+      return;
+    }
+    const q = query();
+    const lens = insp.lens.get(q);
+    if (!lens) return;
+    const chosen = insp.sel < n ? insp.ids[insp.sel] : null;
+    $("lens-caption").textContent = `Logit lens after \u201c${visible(insp.texts[q] || "")}\u201d (position ${q}): ` +
+      "what each layer would predict next" +
+      (chosen !== null ? `; the chosen \u201c${visible(insp.texts[insp.sel] || "")}\u201d outlined` : "");
+    const head = document.createElement("tr");
+    for (const h of ["layer", ...Array.from({ length: TOP_N }, (_, i) => String(i + 1))]) {
+      const th = document.createElement("th");
+      th.scope = "col";
+      th.textContent = h;
+      head.appendChild(th);
+    }
+    table.appendChild(head);
+    lens.forEach((entries, l) => {
+      const tr = document.createElement("tr");
+      tr.className = "lens-row";
+      const th = document.createElement("th");
+      th.scope = "row";
+      th.textContent = l === 0 ? "embedding" : l === lens.length - 1 ? `output (${l})` : `block ${l - 1}`;
+      tr.appendChild(th);
+      for (const e of entries) {
+        const td = document.createElement("td");
+        td.textContent = `${visible(e.token)} ${fmtProb(e.probability)}`;
+        td.style.background = lensShade(e.probability);
+        td.dataset.id = String(e.token_id);
+        td.dataset.p = String(e.probability);
+        if (e.token_id === chosen) td.classList.add("chosen");
+        tr.appendChild(td);
+      }
+      table.appendChild(tr);
+    });
+  }
+
   // ------------------------------------------------------------------------------------ wiring
   function setMode() {
-    const scoring = mode() === "score";
-    $("controls").hidden = scoring;
-    $("generate").textContent = scoring ? "Score" : "Generate";
-    $("prompt-label").textContent = scoring ? "Text to score" : "Prompt";
+    const m = mode();
+    $("controls").hidden = m !== "generate";
+    $("generate").textContent = { generate: "Generate", score: "Score", inspect: "Look inside" }[m];
+    $("prompt-label").textContent = { generate: "Prompt", score: "Text to score",
+                                      inspect: "Text to look inside" }[m];
+    $("output-section").hidden = m === "inspect";
+    if (m !== "inspect" && !insp.fromOutput) $("inspect").hidden = true;
   }
 
   async function loadModelName() {
@@ -358,6 +619,8 @@
       const resp = await fetch("/health");
       const health = await resp.json();
       if (health.model) $("model-name").textContent = `Model: ${health.model}`;
+      const info = await (await fetch("/tokenizer_info")).json();
+      insp.eos = info.eos_token_id;
     } catch (_) { /* the page still works */ }
   }
 
@@ -380,6 +643,28 @@
     });
     out.addEventListener("focusin", (e) => { if (e.target.classList.contains("tok")) showTip(e.target); });
     out.addEventListener("focusout", () => hideTip());
+    out.addEventListener("click", (e) => { if (e.target.classList.contains("tok")) openFromOutput(e.target); });
+    out.addEventListener("keydown", (e) => {
+      if (e.key === "Enter" && e.target.classList.contains("tok")) { e.preventDefault(); openFromOutput(e.target); }
+    });
+    const strip = $("inspect-tokens");
+    strip.addEventListener("click", (e) => {
+      const span = e.target.closest(".tok");
+      if (span) select(Number(span.dataset.sel), true);
+    });
+    strip.addEventListener("keydown", (e) => {
+      const step = { ArrowLeft: -1, ArrowRight: 1, ArrowUp: -1, ArrowDown: 1 }[e.key];
+      if (step !== undefined) select(insp.sel + step, true);
+      else if (e.key === "Home") select(0, true);
+      else if (e.key === "End") select(insp.ids.length, true);
+      else return;
+      e.preventDefault();
+    });
+    $("layer").addEventListener("change", () => { insp.layer = Number($("layer").value); refresh(); });
+    $("head").addEventListener("change", () => {
+      insp.head = $("head").value === "all" ? "all" : Number($("head").value);
+      draw();
+    });
     for (const name of CONTROLS) {
       $(name).addEventListener("input", () => {
         $(name).removeAttribute("aria-invalid");

@@ -1,0 +1,160 @@
+"""Looking inside the model: every layer's attention weights and the logit lens, for one text.
+
+`inspect_ids(model, ids)` runs the blocks one at a time (`Gpt2.block`) on a temporary KV cache of
+exactly T positions, through the model's checked kernels, and keeps
+
+- **attention**: each block's softmax weights, queries × keys, causal (0 above the diagonal, rows
+  summing to 1), from the backend's optional `self_attention_weights` (by default its own projections
+  and attention, the weights computed on the host from its q and keys: `Backend.attention_weights`);
+- **the logit lens**: each residual stream (layer 0 is the embedding, layer i + 1 the stream after block
+  i) through the final layer norm and the tied LM head, as the `top` most likely tokens with their
+  probabilities at each position. The last layer's is the model's own next-token distribution.
+
+Layers whose attention is not asked for run the backend's ordinary `self_attention`. Generation, scoring
+and the engine never come here: nothing of this costs anything unless it is asked for.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from numbers import Integral
+
+import numpy as np
+
+from inferno.backends.base import Array
+from inferno.model import Block, Gpt2
+from inferno.options import logsumexp, top_logprobs
+
+#: Positions sent through the LM head at a time for the logit lens: [128, 50257] float32 logits are 26 MB,
+#: so a 1024-token text at a large shape never holds a whole layer's logits on the host.
+LENS_POSITIONS = 128
+
+
+class InspectionError(ValueError):
+    """A bad inspection request (an empty text, a layer or head out of range, a bad `top`); `param` is
+    the argument at fault ("ids", "layers", "heads", "positions", "top")."""
+
+    def __init__(self, message: str, param: str = "ids") -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass
+class Inspection:
+    """What `inspect_ids` (and `Pipeline.inspect`) found for one text.
+
+    ``attention[a, b]`` is block ``layers[a]``'s head ``heads[b]``: [T, T] float32 weights, row = query
+    position, column = key position. ``logit_lens[l][j]`` is the lens of layer l (0 = the embedding,
+    l = block l - 1's output, ``n_layer`` = the model's output) at position ``positions[j]``: the `top`
+    (token id, probability) pairs, most likely first. ``tokens`` are the ids' texts (filled in by
+    `Pipeline.inspect`, which has the tokenizer).
+    """
+
+    ids: list[int]
+    layers: list[int]
+    heads: list[int]
+    attention: np.ndarray
+    positions: list[int]
+    logit_lens: list[list[list[tuple[int, float]]]]
+    tokens: list[str] = field(default_factory=list)
+
+    @property
+    def n_layers(self) -> int:
+        """Layers of the logit lens (n_layer + 1: the embedding and every block)."""
+        return len(self.logit_lens)
+
+
+def subset(name: str, values: Sequence[int] | int | None, count: int, what: str) -> list[int]:
+    """`values` (None: all of 0 .. count - 1; one int; or a list of distinct ints) checked against
+    ``[0, count)``, sorted. Raises `InspectionError` naming `name`."""
+    if values is None:
+        return list(range(count))
+    if isinstance(values, Integral) and not isinstance(values, bool):
+        values = [values]
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or not values:
+        raise InspectionError(f"{name} must be a non-empty list of {what} in [0, {count}), "
+                              f"got {values!r:.60}", name)
+    out = []
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, Integral) or not 0 <= v < count:
+            raise InspectionError(f"{name}: {v!r:.40} is not one of the model's {what} (integers in "
+                                  f"[0, {count}))", name)
+        out.append(int(v))
+    if len(set(out)) != len(out):
+        raise InspectionError(f"{name} lists {what} {sorted(v for v in out if out.count(v) > 1)[0]} twice",
+                              name)
+    return sorted(out)
+
+
+def inspect_ids(model: Gpt2, ids: Sequence[int], *, layers: Sequence[int] | int | None = None,
+                heads: Sequence[int] | int | None = None, positions: Sequence[int] | int | None = None,
+                top: int = 5, sample_limit: int | None = None) -> Inspection:
+    """Attention weights of `layers` × `heads` (default: all) and the logit lens at `positions`
+    (default: all) for `ids`, `top` tokens a position. `sample_limit` restricts the lens's
+    distribution to the ids below it (a vocabulary padded past the tokenizer's), as scoring does."""
+    c = model.config
+    ids = [int(i) for i in ids]
+    if not ids:
+        raise InspectionError("there are no tokens to inspect")
+    if len(ids) > c.n_positions:
+        raise InspectionError(f"the text is {len(ids)} tokens long but the model's context holds "
+                              f"{c.n_positions}")
+    limit = c.vocab_size if sample_limit is None else min(sample_limit, c.vocab_size)
+    bad = [i for i in ids if not 0 <= i < c.vocab_size]
+    if bad:
+        raise InspectionError(f"token id {bad[0]} is outside the vocabulary [0, {c.vocab_size})")
+    layers = subset("layers", layers, c.n_layer, "layers")
+    heads = subset("heads", heads, c.n_head, "heads")
+    t = len(ids)
+    positions = subset("positions", positions, t, "positions")
+    if isinstance(top, bool) or not isinstance(top, Integral) or not 1 <= top <= limit:
+        raise InspectionError(f"top must be an integer in [1, {limit}], got {top!r}", "top")
+
+    be = model.kernels.kernels("inspect")
+    cache = model.new_cache(1, t)
+    attention = np.zeros((len(layers), len(heads), t, t), dtype=np.float32)
+    row = {layer: a for a, layer in enumerate(layers)}
+
+    def attend(i: int, blk: Block, h: Array) -> Array:
+        if i not in row:
+            out, cache.layers[i] = be.self_attention(h, blk.attn_w, blk.attn_b, blk.attn_proj_w,
+                                                     blk.attn_proj_b, cache.layers[i], 0, c.n_head)
+            return out
+        out, cache.layers[i], weights = be.self_attention_weights(
+            h, blk.attn_w, blk.attn_b, blk.attn_proj_w, blk.attn_proj_b, cache.layers[i], 0, c.n_head)
+        attention[row[i]] = weights[0, heads]
+        return out
+
+    x = be.embedding(model.wte, model.wpe, be.from_numpy(np.asarray([ids], dtype=np.int64)), 0)
+    lens = [_lens(model, be, x, positions, top, limit)]
+    for i in range(c.n_layer):
+        x = model.block(be, i, x, attend)
+        lens.append(_lens(model, be, x, positions, top, limit))
+    cache.length = t
+    return Inspection(ids, layers, heads, attention, positions, lens)
+
+
+def _lens(model: Gpt2, be, x: Array, positions: list[int], top: int,
+          limit: int) -> list[list[tuple[int, float]]]:
+    """The logit lens of one residual stream x [1, T, C] at `positions`: ln_f, the LM head, the softmax
+    (in float64 over the ids below `limit`), the `top` (id, probability) pairs of each position."""
+    eps, out = model.config.layer_norm_epsilon, []
+    for start in range(0, len(positions), LENS_POSITIONS):
+        chunk = positions[start : start + LENS_POSITIONS]
+        xs = _gather(be, x, chunk)
+        logits = be.lm_head(be.layernorm(xs, model.ln_f_g, model.ln_f_b, eps), model.lm_head_w)
+        host = model.check_logits(model.backend.to_numpy(logits)[0], len(chunk))[:, :limit]
+        for r in host:
+            out.append([(i, math.exp(lp)) for i, lp in top_logprobs(r, top, float(logsumexp(r)))])
+    return out
+
+
+def _gather(be, x: Array, positions: list[int]) -> Array:
+    """x[:, positions, :] with the kernels the model already uses (a run of consecutive positions is one
+    slice; every axis indexed, as the Array API requires)."""
+    if positions == list(range(positions[0], positions[-1] + 1)):
+        return x[:, positions[0] : positions[-1] + 1, :]
+    parts = [x[:, p : p + 1, :] for p in positions]
+    return parts[0] if len(parts) == 1 else be.concat(parts, axis=1)
