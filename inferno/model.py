@@ -87,8 +87,7 @@ class Gpt2:
         for i, blk in enumerate(self.blocks):
             for name, a in zip(BLOCK_WEIGHTS, vars(blk).values(), strict=True):
                 yield f"h.{i}.{name}", a
-        yield "ln_f.weight", self.ln_f_g
-        yield "ln_f.bias", self.ln_f_b
+        yield from (("ln_f.weight", self.ln_f_g), ("ln_f.bias", self.ln_f_b))
         if self.lm_head_w is not self.wte:
             yield "lm_head.weight", self.lm_head_w
 
@@ -104,27 +103,22 @@ class Gpt2:
         """Host logits checked: shape ``[rows, vocab_size]``, finite (see `CheckedBackend.check_logits`)."""
         return self.kernels.check_logits(logits, rows, self)
 
-    def _blocks(self, be, x: Array, attend: Callable[[int, Block, Array], Array],
-                keep: Callable[[Array], Array | None]) -> Array | None:
-        """The transformer blocks. `attend(i, block, h)` is layer i's attention; after the last one,
-        `keep(x)` keeps the positions whose logits are wanted (the others need neither the last MLP nor
-        the LM head), or returns None when none is."""
-        eps, last = self.config.layer_norm_epsilon, len(self.blocks) - 1
-        for i, blk in enumerate(self.blocks):
-            x = be.add(x, attend(i, blk, be.layernorm(x, blk.ln_1_g, blk.ln_1_b, eps)))
-            if i == last and (x := keep(x)) is None:
-                return None
-            h = be.layernorm(x, blk.ln_2_g, blk.ln_2_b, eps)
-            x = be.add(x, be.mlp(h, blk.fc_w, blk.fc_b, blk.proj_w, blk.proj_b))
-        return x
+    def _blocks(self, be, x: Array, attend: Callable, keep: Callable) -> Array | None:
+        """The transformer blocks; `keep` (see `block`) only in the last one."""
+        for i in range(len(self.blocks) - 1):
+            x = self.block(be, i, x, attend)
+        return self.block(be, len(self.blocks) - 1, x, attend, keep)
 
-    def block(self, be, i: int, x: Array, attend: Callable[[int, Block, Array], Array]) -> Array:
-        """Block i alone on the residual stream x: ``x + attn(ln_1(x))``, then ``+ mlp(ln_2(x))``, with
-        `attend` as for `_blocks`. The seam for callers that look at every layer (`inferno.inspect`)."""
+    def block(self, be, i: int, x: Array, attend: Callable[[int, Block, Array], Array],
+              keep: Callable[[Array], Array | None] = lambda x: x) -> Array | None:
+        """Block i on the residual stream x: ``x + attn(ln_1(x))``, then ``+ mlp(ln_2(x))``. `attend(i,
+        block, h)` is the attention; `keep(x)` keeps the positions whose logits are wanted (the rest need
+        no MLP, no LM head), or returns None. Public for callers that look at every layer (inspect)."""
         blk, eps = self.blocks[i], self.config.layer_norm_epsilon
-        x = be.add(x, attend(i, blk, be.layernorm(x, blk.ln_1_g, blk.ln_1_b, eps)))
-        return be.add(x, be.mlp(be.layernorm(x, blk.ln_2_g, blk.ln_2_b, eps), blk.fc_w, blk.fc_b,
-                                blk.proj_w, blk.proj_b))
+        if (x := keep(be.add(x, attend(i, blk, be.layernorm(x, blk.ln_1_g, blk.ln_1_b, eps))))) is None:
+            return None
+        h = be.layernorm(x, blk.ln_2_g, blk.ln_2_b, eps)
+        return be.add(x, be.mlp(h, blk.fc_w, blk.fc_b, blk.proj_w, blk.proj_b))
 
     def _logits(self, be, x: Array) -> Array:
         return be.lm_head(be.layernorm(x, self.ln_f_g, self.ln_f_b, self.config.layer_norm_epsilon),

@@ -69,3 +69,10 @@ def test_the_wheel_ships_the_gpt2_files_and_the_playground(tmp_path):
     for name in ("config.json", "tokenizer.json"):
         assert f"inferno/data/gpt2/{name}" in names
     assert {"inferno/serve/static/index.html", "inferno/serve/static/app.js"} <= names
+
+
+def test_the_model_fits_on_one_screen():
+    # The model is the file students read: the blocks, from_weights, forward and forward_ragged, each
+    # written once (#26). Guards, caches and inspection live beside it.
+    lines = (ROOT / "inferno" / "model.py").read_text().splitlines()
+    assert len(lines) <= 200, f"inferno/model.py has {len(lines)} lines; keep it one screen"
