@@ -323,7 +323,7 @@ def test_plugins_page_installs_the_cpu_torch_before_the_plugin():
 def test_development_page_says_what_ci_runs_of_the_heavy_tests():
     ci = text(ROOT / ".ci" / "run")
     page = text(DOCS / "development.md")
-    assert '\npython -m pytest -q -m "heavy or slow"\n' in ci
+    assert '\npython -m pytest -q -n auto -m "heavy or slow"\n' in ci
     assert "`.ci/run` runs them too" in page and "then the `heavy` and `slow` tests" in page
 
 
