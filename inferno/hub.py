@@ -41,6 +41,7 @@ import os
 import re
 import shlex
 import shutil
+import socket
 import sys
 import tempfile
 import time
@@ -545,6 +546,8 @@ def _get_with_huggingface_hub(repo_id: str, revision: str, name: str, progress: 
     import huggingface_hub
     from huggingface_hub import errors
 
+    if (unreachable := _unreachable(_endpoint())) is not None:
+        raise _Failed(f"download failed: {unreachable}")  # at once: it would retry for ~20 s first
     kwargs: dict[str, Any] = {}
     if not progress:
         from tqdm.auto import tqdm
@@ -577,6 +580,25 @@ def _get_with_huggingface_hub(repo_id: str, revision: str, name: str, progress: 
             raise _Failed(f"download failed: {_one_line(exc)}") from None  # a connection error it let out
         raise
     return Path(path)
+
+
+def _unreachable(endpoint: str) -> str | None:
+    """Why no connection to the endpoint's host can be opened at all (no network, a wrong name, a closed
+    port), or None. huggingface_hub retries such a failure five times, ~23 s, before saying so; a host
+    that answers but flakes still gets its retries."""
+    url = urllib.parse.urlsplit(endpoint)
+    try:
+        port = url.port or (443 if url.scheme == "https" else 80)
+    except ValueError:  # a port that is not a number: huggingface_hub says what is wrong with it
+        return None
+    if not url.hostname or (url.scheme in urllib.request.getproxies()
+                            and not urllib.request.proxy_bypass(url.hostname)):
+        return None  # through a proxy, the host itself need not be reachable
+    try:
+        socket.create_connection((url.hostname, port), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        return f"cannot connect to {url.hostname}:{port} ({_one_line(exc)})"
+    return None
 
 
 def _one_line(exc: BaseException) -> str:

@@ -275,11 +275,12 @@ def test_hub_errors_are_one_line(env, fake_hub, downloader, case, needles):
     assert "-m random" in e.remedy
 
 
-@pytest.mark.slow  # huggingface_hub retries for ~20 s before it gives up
 def test_unreachable_hub(env, downloader, shipped):
     e = missing_error(progress=False)  # HF_ENDPOINT is a closed port (see the env fixture)
     assert "download failed" in str(e) and e.missing == ["model.safetensors"]
     assert "-m random" in e.remedy
+    if downloader != "urllib":  # said at once, not after huggingface_hub's five retries (~23 s)
+        assert "cannot connect to 127.0.0.1:" in str(e) and "Connection refused" in str(e)
 
 
 @pytest.mark.parametrize("var, value", [("HF_HUB_OFFLINE", "1"), ("INFERNO_OFFLINE", "1"),
@@ -462,3 +463,15 @@ def test_verification_errors_are_oserrors():
 def test_short_names_are_the_documented_ones():
     assert set(SHORT_NAMES) == {"gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "distilgpt2"}
     assert os.fspath(hub.shipped_gpt2_file("tokenizer.json")).endswith("tokenizer.json")
+
+
+def test_behind_a_proxy_the_hub_host_is_not_probed(monkeypatch):
+    # The fast "cannot connect" is for a host nothing can reach; through a proxy only the proxy must be.
+    closed = "http://127.0.0.1:9"
+    for var in ("http_proxy", "HTTP_PROXY", "no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+    assert "cannot connect to 127.0.0.1:9" in hub._unreachable(closed)
+    monkeypatch.setenv("http_proxy", "http://proxy.invalid:3128")
+    assert hub._unreachable(closed) is None
+    monkeypatch.setenv("no_proxy", "127.0.0.1")  # bypassed: probed again
+    assert "cannot connect" in hub._unreachable(closed)
