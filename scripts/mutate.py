@@ -56,7 +56,8 @@ TESTS: dict[str, tuple[list[str], list[str], list[str]]] = {
     "checked": (["inferno/backends/checked.py"],
                 ["tests/test_faults_nonfinite.py", "tests/test_faults_backends.py", "tests/test_model.py"],
                 []),
-    "kv": (["inferno/kv.py"], ["tests/test_model.py", "tests/test_engine.py", "tests/test_generate.py"], []),
+    "kv": (["inferno/kv.py"],
+           ["tests/test_model.py", "tests/test_engine.py", "tests/test_faults_backends.py"], []),
     "routes": (["inferno/serve/routes/*.py"],
                ["tests/serve/test_serve_inprocess.py", "tests/serve/test_serve_playground_api.py"], []),
     "args": (["inferno/cli/_args.py"], ["tests/test_cli.py"], []),
@@ -122,23 +123,52 @@ def timeouts(work: Path) -> list[str]:
                   if c in mutation_report.TIMEOUT)
 
 
+def resolve(module: str) -> tuple[str, list[str], list[str], list[str]] | None:
+    """(work folder name, files, tests, deselected) for "options", "inferno/options.py", "serve.routes",
+    "cli/_args", or one file of a package entry ("jobs/lines": jobs' tests on inferno/jobs/lines.py)."""
+    parts = re.sub(r"^inferno[./]|\.py$", "", module).replace("/", ".").split(".")
+    for key in (parts[-1], parts[-1].lstrip("_")):
+        if key in TESTS:
+            return (key, *TESTS[key])
+    if len(parts) >= 2 and parts[-2] in TESTS:
+        files, tests, deselect = TESTS[parts[-2]]
+        path = f"inferno/{'/'.join(parts)}.py"
+        if any(Path(path).match(f) or path == f for f in files) and (ROOT / path).is_file():
+            return "-".join(parts[-2:]), [path], tests, deselect
+    return None
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("module", nargs="?", help=f"one of: {', '.join(TESTS)}")
+    p.add_argument("module", nargs="?", help=f"one of: {', '.join(TESTS)} (or PACKAGE/FILE, e.g. jobs/lines)")
     p.add_argument("--list", action="store_true", help="the modules, their files and test selections")
     p.add_argument("--rerun-timeouts", action="store_true",
                    help="then re-run each mutant that timed out, alone, and report again")
+    p.add_argument("--again", nargs="+", metavar="MUTANT",
+                   help="in the module's last folder, with the tests as they are now, re-run only these")
     args = p.parse_args()
     if args.list or not args.module:
         for name, (files, tests, deselect) in TESTS.items():
             print(f"{name}: {' '.join(files)}\n    tests: {' '.join(tests)}"
                   + "".join(f"\n    deselected: {d}" for d in deselect))
         return 0
-    name = re.sub(r"^inferno[./]|\.py$", "", args.module).replace("/", ".").split(".")[-1]
-    if name not in TESTS:
+    found = resolve(args.module)
+    if found is None:
         p.error(f"unknown module {args.module!r} (known: {', '.join(TESTS)})")
-    work = workdir(name, *TESTS[name])
+    name, files, tests, deselect = found
     os.environ.pop("MUTANT_UNDER_TEST", None)
+    if args.again:
+        work = ROOT / ".mutate" / name
+        if not (work / "mutants").is_dir():
+            p.error(f"no earlier run in {work.relative_to(ROOT)}: run scripts/mutate.py {args.module} first")
+        shutil.rmtree(work / "tests")
+        shutil.copytree(ROOT / "tests", work / "tests", ignore=shutil.ignore_patterns("__pycache__"))
+        start = time.monotonic()
+        rc = mutmut(work, *args.again)
+        print(f"\nmutmut run {' '.join(args.again)}: exit {rc}, {time.monotonic() - start:.0f} s")
+        mutation_report.main(["--mutants", str(work / "mutants"), "--survivors"])
+        return rc
+    work = workdir(name, files, tests, deselect)
     start = time.monotonic()
     rc = mutmut(work)
     print(f"\nmutmut run: exit {rc}, {time.monotonic() - start:.0f} s in {work.relative_to(ROOT)}")
