@@ -5,6 +5,7 @@ streamed pieces join to the final text, which is the longest prefix before the f
 from __future__ import annotations
 
 import math
+import warnings
 from collections import Counter
 
 import numpy as np
@@ -574,6 +575,15 @@ def test_repetition_penalty_of_exactly_two_or_a_half(rep):
     np.testing.assert_array_equal(proc(logits), [4.0 / rep, -2.0 * rep, 1.0, -3.0, 0.5])
 
 
+def test_a_tiny_repetition_penalty_overflows_to_infinity_without_a_warning():
+    logits = np.array([1e300, -1e300, 1.0], dtype=np.float64)
+    proc = LogitsProcessor(GenerationOptions(repetition_penalty=1e-10), [0, 1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # NumPy's overflow warning is silenced: the mass goes to inf, as meant
+        z = proc(logits)
+    assert z.tolist() == [math.inf, -1e290, 1.0]
+
+
 def test_an_empty_prompt_penalises_only_the_generated_tokens():
     options = GenerationOptions(repetition_penalty=2.0, presence_penalty=0.5)
     proc = LogitsProcessor(options, [])
@@ -658,7 +668,8 @@ def test_without_a_decoder_no_text_is_tracked(tok):
 def test_a_step_ends_the_sequence_only_when_last_or_stopped(tok):
     state = SequenceState(GenerationOptions(), [0], tok.incremental_decoder())
     for token in tok.encode("one two"):
-        assert state.step(_one_hot(tok.vocab_size, token)).finish_reason is None
+        step = state.step(_one_hot(tok.vocab_size, token))
+        assert (step.finish_reason, step.logprob) == (None, None)  # no logprobs asked for
     assert state.finish_reason is None
     step = state.step(_one_hot(tok.vocab_size, tok.encode(" three")[0]), last=True)
     assert (step.finish_reason, state.finish_reason, state.text) == ("length", "length", "one two three")
