@@ -115,6 +115,15 @@ def mutmut(work: Path, *names: str) -> int:
         return proc.wait()
 
 
+def revision() -> str:
+    """The commit the copy was made from, and whether the files copied had changes not committed."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    dirty = git("status", "--porcelain", "--", *COPIED, "setup.cfg")
+    return git("rev-parse", "--short", "HEAD") + (" + uncommitted changes" if dirty else "")
+
+
 def timeouts(work: Path) -> list[str]:
     import json
 
@@ -169,6 +178,8 @@ def main() -> int:
         mutation_report.main(["--mutants", str(work / "mutants"), "--survivors"])
         return rc
     work = workdir(name, files, tests, deselect)
+    print(f"{time.strftime('%Y-%m-%d %H:%M')} {name}: {' '.join(files)} at {revision()}; "
+          f"tests: {' '.join(tests)}")
     start = time.monotonic()
     rc = mutmut(work)
     print(f"\nmutmut run: exit {rc}, {time.monotonic() - start:.0f} s in {work.relative_to(ROOT)}")
