@@ -606,6 +606,11 @@ def test_two_stop_strings_at_the_same_place_the_first_listed_wins():
     assert StopStrings(["abc", "ab"]).feed("xabcd") == ("x", "abc")
 
 
+def test_a_piece_holding_a_stop_string_twice_is_cut_at_the_first():
+    assert StopStrings(["ab"]).feed("xabyab") == ("x", "ab")
+    assert StopStrings(["yab", "ab"]).feed("xabyab") == ("x", "ab")
+
+
 def test_a_matcher_after_a_match_or_a_flush_starts_afresh():
     m = StopStrings(["ab"])
     assert m.feed("xa") == ("x", None) and m.feed("b") == ("", "ab")
