@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from inferno.jobs.generate import parse_requests
-from inferno.jobs.lines import LineError, parse_rows, read_object
+from inferno.jobs.lines import LineError, parse_rows, read_object, split_lines
 from inferno.jobs.score import parse_score_requests
 
 
@@ -45,3 +45,21 @@ def test_parse_rows_carries_the_id_of_a_line_error():
         raise LineError(f"bad {text}", id="same")
 
     assert parse_rows(b"x\ny\n", parse) == ([], [(1, "bad x"), (2, 'duplicate id "same" (first on line 1)')])
+
+
+def test_split_lines_numbers_every_line_and_drops_only_cr_bom_and_blanks():
+    data = b'\xef\xbb\xbf{"a": 1}\r\n\r\n \t\n\r{"b": 2} \r\n{"c": 3}\x0c\n'
+    assert split_lines(data) == [(1, b'{"a": 1}'), (4, b'\r{"b": 2} '), (5, b'{"c": 3}\x0c')]
+    assert split_lines(b"x\n") == [(1, b"x")] and split_lines(b"") == []
+
+
+def test_a_line_that_is_not_utf8_is_reported_and_the_next_lines_still_read():
+    data = b'{"text": "a"}\n{"text": "\xff"}\n{"text": "b"}\n'
+    scores, errors = parse_score_requests(data, None)
+    assert [s.id for s in scores] == [1, 3]
+    assert errors == [(2, "not UTF-8 (byte 0xff at column 11)")]
+
+
+def test_a_form_feed_after_the_object_is_not_json_whitespace():
+    requests, errors = parse_requests(b'{"prompt": "a"}\x0c\n', 4, True)
+    assert requests == [] and len(errors) == 1 and errors[0][1].startswith("not valid JSON: Extra data")
