@@ -51,6 +51,7 @@ def test_split_lines_numbers_every_line_and_drops_only_cr_bom_and_blanks():
     data = b'\xef\xbb\xbf{"a": 1}\r\n\r\n \t\n\r{"b": 2} \r\n{"c": 3}\x0c\n'
     assert split_lines(data) == [(1, b'{"a": 1}'), (4, b'\r{"b": 2} '), (5, b'{"c": 3}\x0c')]
     assert split_lines(b"x\n") == [(1, b"x")] and split_lines(b"") == []
+    assert split_lines(b"aX\r\nX\r") == [(1, b"aX"), (2, b"X")]  # only CR is stripped
 
 
 def test_a_line_that_is_not_utf8_is_reported_and_the_next_lines_still_read():
