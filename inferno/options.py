@@ -45,14 +45,13 @@ class OptionError(SamplingError):
     """A generation option is invalid; `field` names it (as the API spells it), `reason` says why."""
 
 
-def _number(name: str, value, lo: float | None = None, hi: float | None = None, *,
-            open_lo: bool = False) -> float:
+def _number(name: str, value, lo: float, hi: float | None = None, *, open_lo: bool = False) -> float:
+    # Every numeric option has a lower bound; only some have an upper one.
     if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
         raise OptionError(name, f"must be a finite number, got {value!r}")
-    if (lo is not None and (value <= lo if open_lo else value < lo)) or (hi is not None and value > hi):
-        lo_s = "" if lo is None else f"{'>' if open_lo else '>='} {lo:g}"
-        hi_s = "" if hi is None else f"<= {hi:g}"
-        raise OptionError(name, f"must be {' and '.join(s for s in (lo_s, hi_s) if s)}, got {value!r}")
+    if (value <= lo if open_lo else value < lo) or (hi is not None and value > hi):
+        bounds = f"{'>' if open_lo else '>='} {lo:g}" + ("" if hi is None else f" and <= {hi:g}")
+        raise OptionError(name, f"must be {bounds}, got {value!r}")
     return float(value)
 
 

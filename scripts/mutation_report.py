@@ -1,11 +1,13 @@
 """The mutation-testing table of docs/mutation.md, from mutmut's results (run `mutmut run` first).
 
-    python scripts/mutation_report.py            # the table, per module
-    python scripts/mutation_report.py --survivors  # also every mutant not killed and not listed
+    python scripts/mutation_report.py                 # the table, per module, from ./mutants
+    python scripts/mutation_report.py --survivors     # also every mutant not killed and not listed
+    python scripts/mutation_report.py --mutants DIR   # the results of another run (scripts/mutate.py's)
 
-Reads mutmut's per-file results (mutants/**/*.py.meta) and the equivalent or message-only mutants listed
-in docs/mutation.md (lines starting with "- `inferno....__mutmut_N`"). A mutant counts as killed when a
-test failed on it or it timed out (mutmut's "killed" and "timeout").
+Reads mutmut's per-file results (DIR/**/*.py.meta) and the equivalent or message-only mutants listed in
+docs/mutation.md (lines starting with "- `inferno....__mutmut_N`"). A mutant counts as killed when a test
+failed on it (or its test process crashed). A timeout is not a kill here: it is counted on its own, left
+out of the score, and named with --survivors, so that it can be re-run alone (`mutmut run NAME`).
 """
 
 from __future__ import annotations
@@ -20,27 +22,35 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "mutation.md"
 LISTED = re.compile(r"^- `(inferno\.[^`]+__mutmut_\d+)`", re.M)
-KILLED = {1, 3, 24, -24, 36, 152, 255}  # mutmut: a failing test, pytest's internal error, a timeout
+# mutmut's exit codes: a failing test, pytest's internal error, the test process ending with 255 (a mutant
+# that breaks what the tests' collection imports); and its timeouts (its own, or SIGXCPU).
+KILLED = {1, 3, 255}
+TIMEOUT = {36, 24, -24, 152}
 
 
 def status(code: int | None) -> str:
     if code in KILLED:
         return "killed"
+    if code in TIMEOUT:
+        return "timeout"
     return {0: "survived", None: "not checked", 5: "no tests", 33: "no tests", 2: "interrupted"}.get(
         code, f"exit {code}")
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--survivors", action="store_true", help="list the mutants neither killed nor listed")
-    args = p.parse_args()
+    p.add_argument("--survivors", action="store_true",
+                   help="list the mutants neither killed nor listed, and the timeouts")
+    p.add_argument("--mutants", type=Path, default=ROOT / "mutants", help="mutmut's work folder")
+    args = p.parse_args(argv)
     listed = set(LISTED.findall(DOC.read_text())) if DOC.exists() else set()
-    metas = sorted((ROOT / "mutants").rglob("*.py.meta"))
+    metas = sorted(args.mutants.rglob("*.py.meta"))
     if not metas:
-        print("no results under mutants/: run `mutmut run` first", file=sys.stderr)
+        print(f"no results under {args.mutants}: run `mutmut run` first", file=sys.stderr)
         return 1
-    print("| module | mutants | killed | score | equivalent / message-only | score excluding them |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    print("| module | mutants | killed | timeouts | score | equivalent / message-only "
+          "| score excluding them |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     left = []
     for meta in metas:
         codes = json.loads(meta.read_text())["exit_code_by_key"]
@@ -49,16 +59,17 @@ def main() -> int:
         counts = Counter(status(c) for c in codes.values())
         if counts["not checked"] == len(codes):
             continue
-        module = str(meta.relative_to(ROOT / "mutants")).removesuffix(".py.meta").replace("/", ".")
-        killed = counts["killed"]
-        equivalent = sum(1 for k, c in codes.items() if k in listed and status(c) != "killed")
-        total = len(codes)
-        print(f"| {module.removeprefix('inferno.').removeprefix('backends.')} | {total} | {killed} | "
-              f"{killed / total:.1%} | {equivalent} | {killed / max(1, total - equivalent):.1%} |")
-        left += [(k, status(c)) for k, c in codes.items() if status(c) != "killed" and k not in listed]
-        other = {s: n for s, n in counts.items() if s not in ("killed", "survived")}
+        module = str(meta.relative_to(args.mutants)).removesuffix(".py.meta").replace("/", ".")
+        killed, timeouts = counts["killed"], counts["timeout"]
+        equivalent = sum(1 for k, c in codes.items() if k in listed and status(c) == "survived")
+        scored = len(codes) - timeouts  # a timeout is neither a kill nor a survivor until re-run
+        print(f"| {module.removeprefix('inferno.')} | {len(codes)} | {killed} | {timeouts} | "
+              f"{killed / max(1, scored):.1%} | {equivalent} | {killed / max(1, scored - equivalent):.1%} |")
+        left += [(k, status(c)) for k, c in codes.items()
+                 if status(c) != "killed" and not (k in listed and status(c) == "survived")]
+        other = {s: n for s, n in counts.items() if s not in ("killed", "survived", "timeout")}
         if other:
-            print(f"|   ({module}: {other}) | | | | | |", file=sys.stderr)
+            print(f"|   ({module}: {other}) | | | | | | |", file=sys.stderr)
     if args.survivors:
         for name, what in sorted(left):
             print(f"{what}: {name}")

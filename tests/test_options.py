@@ -5,6 +5,7 @@ streamed pieces join to the final text, which is the longest prefix before the f
 from __future__ import annotations
 
 import math
+import warnings
 from collections import Counter
 
 import numpy as np
@@ -574,6 +575,15 @@ def test_repetition_penalty_of_exactly_two_or_a_half(rep):
     np.testing.assert_array_equal(proc(logits), [4.0 / rep, -2.0 * rep, 1.0, -3.0, 0.5])
 
 
+def test_a_tiny_repetition_penalty_overflows_to_infinity_without_a_warning():
+    logits = np.array([1e300, -1e300, 1.0], dtype=np.float64)
+    proc = LogitsProcessor(GenerationOptions(repetition_penalty=1e-10), [0, 1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # NumPy's overflow warning is silenced: the mass goes to inf, as meant
+        z = proc(logits)
+    assert z.tolist() == [math.inf, -1e290, 1.0]
+
+
 def test_an_empty_prompt_penalises_only_the_generated_tokens():
     options = GenerationOptions(repetition_penalty=2.0, presence_penalty=0.5)
     proc = LogitsProcessor(options, [])
@@ -594,6 +604,11 @@ def test_a_string_id_is_only_digits_after_a_minus():
 def test_two_stop_strings_at_the_same_place_the_first_listed_wins():
     assert StopStrings(["ab", "abc"]).feed("xabcd") == ("x", "ab")
     assert StopStrings(["abc", "ab"]).feed("xabcd") == ("x", "abc")
+
+
+def test_a_piece_holding_a_stop_string_twice_is_cut_at_the_first():
+    assert StopStrings(["ab"]).feed("xabyab") == ("x", "ab")
+    assert StopStrings(["yab", "ab"]).feed("xabyab") == ("x", "ab")
 
 
 def test_a_matcher_after_a_match_or_a_flush_starts_afresh():
@@ -617,3 +632,77 @@ def test_the_most_likely_alternatives_of_a_long_row(seed):
         assert [i for i, _ in top] == ranked[:n], n
         np.testing.assert_allclose([v for _, v in top], [float(logits[i]) - lse for i in ranked[:n]],
                                    atol=1e-9)
+
+
+# --- one sequence's steps (SequenceState, what the batch-1 loop and the engine both call) ---------------
+
+def _one_hot(vocab: int, token: int) -> np.ndarray:
+    logits = np.zeros(vocab, dtype=np.float32)
+    logits[token] = 1.0  # greedy picks `token`
+    return logits
+
+
+def test_a_stop_id_ends_with_stop_and_keeps_its_logprob(tok):
+    state = SequenceState(GenerationOptions(stop_ids=[13], logprobs=1), [0], tok.incremental_decoder())
+    first = state.step(_one_hot(tok.vocab_size, 40))
+    assert (first.finish_reason, state.finish_reason) == (None, None)
+    step = state.step(_one_hot(tok.vocab_size, 13))
+    assert (step.id, step.finish_reason, state.finish_reason, state.stop_reason) == (13, "stop", "stop", 13)
+    assert step.logprob is state.logprobs[-1] and step.logprob.id == 13
+    assert step.logprob.top[0][0] == 13 and len(state.logprobs) == 2
+
+
+def test_a_stop_string_ends_with_stop_and_keeps_its_logprob(tok):
+    ab = tok.encode("ab")
+    assert len(ab) == 1, ab  # one token completes the stop string
+    state = SequenceState(GenerationOptions(stop="b", logprobs=0), [0], tok.incremental_decoder())
+    step = state.step(_one_hot(tok.vocab_size, ab[0]))
+    assert (step.text, step.finish_reason) == ("a", "stop")
+    assert (state.finish_reason, state.stop_reason) == ("stop", "b")
+    assert step.logprob is state.logprobs[-1] and step.logprob.id == ab[0] and step.logprob.top == []
+    assert state.text == "a"
+
+
+def test_without_a_decoder_no_text_is_tracked(tok):
+    state = SequenceState(GenerationOptions(stop_ids=[13]), [0])
+    assert [state.step(_one_hot(50, t)).text for t in (1, 2)] == ["", ""]
+    step = state.step(_one_hot(50, 13))
+    assert (step.text, step.finish_reason, state.text, state.ids) == ("", "stop", "", [1, 2, 13])
+
+
+def test_a_step_ends_the_sequence_only_when_last_or_stopped(tok):
+    state = SequenceState(GenerationOptions(), [0], tok.incremental_decoder())
+    for token in tok.encode("one two"):
+        step = state.step(_one_hot(tok.vocab_size, token))
+        assert (step.finish_reason, step.logprob) == (None, None)  # no logprobs asked for
+    assert state.finish_reason is None
+    step = state.step(_one_hot(tok.vocab_size, tok.encode(" three")[0]), last=True)
+    assert (step.finish_reason, state.finish_reason, state.text) == ("length", "length", "one two three")
+    assert state.finish() == "" and state.finish_reason == "length"  # finishing again changes nothing
+
+
+def test_finish_defaults_to_length_and_releases_the_held_text(tok):
+    state = SequenceState(GenerationOptions(stop="xyz"), [0], tok.incremental_decoder())
+    assert state.step(_one_hot(tok.vocab_size, tok.encode("ax")[0])).text == "a"  # "x" may start "xyz"
+    assert state.finish() == "x"
+    assert (state.finish_reason, state.stop_reason, state.text) == ("length", None, "ax")
+
+
+def test_finish_for_another_reason_is_that_reason_unless_the_held_text_stops(tok):
+    state = SequenceState(GenerationOptions(), [0], tok.incremental_decoder())
+    state.step(_one_hot(tok.vocab_size, 40))
+    assert state.finish("cancelled") == "" and state.finish_reason == "cancelled"
+    # A stop string held back by the decoder (half a character) and completed by the text it flushes.
+    quote = tok.encode("\u2019")
+    assert len(quote) == 2, quote
+    state = SequenceState(GenerationOptions(stop="\ufffd"), [0], tok.incremental_decoder())
+    assert state.step(_one_hot(tok.vocab_size, quote[0])).text == ""
+    assert state.finish("cancelled") == "" and (state.finish_reason, state.stop_reason) == ("stop", "\ufffd")
+
+
+def test_stop_strings_need_a_decoder_says_so():
+    with pytest.raises(OptionError) as info:
+        SequenceState(GenerationOptions(stop=["x"]), [0])
+    assert (info.value.field, info.value.reason) == (
+        "stop", "needs a tokenizer to match text (use inferno.load(...).generate)")
+    assert SequenceState(GenerationOptions(), [0]).stop_strings is None

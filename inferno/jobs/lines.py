@@ -68,10 +68,8 @@ def split_lines(data: bytes) -> list[tuple[int, bytes]]:
     """(line number, content) of every non-blank line; a UTF-8 byte-order mark and CR-LF are allowed."""
     if data.startswith(b"\xef\xbb\xbf"):
         data = data[3:]
-    lines = data.split(b"\n")
-    if lines and lines[-1] == b"":
-        lines.pop()
-    return [(i, raw.rstrip(b"\r")) for i, raw in enumerate(lines, 1) if raw.strip()]
+    # The empty piece after a final newline is blank, so left out like any blank line.
+    return [(i, raw.rstrip(b"\r")) for i, raw in enumerate(data.split(b"\n"), 1) if raw.strip()]
 
 
 def parse_rows(data: bytes, parse: Callable[[str, int], Any]) -> tuple[list[Any], list[tuple[int, str]]]:
