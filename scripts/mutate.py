@@ -64,7 +64,7 @@ TESTS: dict[str, tuple[list[str], list[str], list[str]]] = {
                ["tests/serve/test_serve_inprocess.py", "tests/serve/test_serve_playground_api.py"], []),
     "args": (["inferno/cli/_args.py"], ["tests/test_cli.py"], []),
 }
-COPIED = ["inferno", "tests", "gpt2/config.json", "gpt2/tokenizer.json", "pyproject.toml"]
+COPIED = ["inferno", "tests", "pyproject.toml"]  # the shipped gpt2 files are inside inferno/ (data/gpt2)
 
 
 def workdir(name: str, files: list[str], tests: list[str], deselect: list[str]) -> Path:
