@@ -488,8 +488,13 @@ def _fetch(spec: ModelSpec, *, skip: tuple[str, ...], progress: bool) -> Path:
     # The weights are checked against this config as they arrive (the shipped one for gpt2).
     config_file = shipped_gpt2_file("config.json") if "config.json" in skip else None
 
+    probe = get is _get_with_huggingface_hub  # once, before the first download (see _unreachable)
+
     def fetch(name: str) -> Path:
-        nonlocal revision
+        nonlocal revision, probe
+        if probe and (unreachable := _unreachable(_endpoint())) is not None:
+            raise _Failed(f"download failed: {unreachable}")  # at once: it would retry for ~23 s first
+        probe = False
         path = get(spec.repo_id, revision, name, progress, config_file)
         revision = path.parent.name  # the commit: every later file comes from the same one
         return path
@@ -546,8 +551,6 @@ def _get_with_huggingface_hub(repo_id: str, revision: str, name: str, progress: 
     import huggingface_hub
     from huggingface_hub import errors
 
-    if (unreachable := _unreachable(_endpoint())) is not None:
-        raise _Failed(f"download failed: {unreachable}")  # at once: it would retry for ~20 s first
     kwargs: dict[str, Any] = {}
     if not progress:
         from tqdm.auto import tqdm
