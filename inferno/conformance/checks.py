@@ -487,16 +487,25 @@ def _attention(run: _Run, b, h, t, d, offset, length) -> None:
     run.expect(run.backend.attention(q, k_cache, v_cache, offset), ref.attention(q64, k64, v64, offset))
 
 
-for _case, (_b, _h, _t, _d, _off, _len) in {
+#: (batch, heads, new positions, head size, offset, cache length) of the attention checks.
+_ATTENTION_CASES = {
     "gpt2-prefill": (1, 12, 16, 64, 0, 16),
     "gpt2-decode": (1, 12, 1, 64, 20, 32),
     "chunk-at-offset": (2, 3, 4, 5, 6, 12),
     "T1-offset-0": (2, 3, 1, 5, 0, 4),
     "prefill-long-cache": (3, 5, 7, 7, 0, 9),
-}.items():
-    _add("attention", _case,
-         f"q {_shape((_b, _h, _t, _d))} at offset {_off}, cache length {_len} (garbage past {_off + _t})",
-         _attention, b=_b, h=_h, t=_t, d=_d, offset=_off, length=_len)
+}
+
+
+def _add_attention_cases(kernel: str, check: Callable[..., None], names: Iterable[str]) -> None:
+    for name in names:
+        b, h, t, d, off, length = _ATTENTION_CASES[name]
+        _add(kernel, name,
+             f"q {_shape((b, h, t, d))} at offset {off}, cache length {length} (garbage past {off + t})",
+             check, b=b, h=h, t=t, d=d, offset=off, length=length)
+
+
+_add_attention_cases("attention", _attention, _ATTENTION_CASES)
 
 
 def _attention_weights(run: _Run, b, h, t, d, offset, length) -> None:
@@ -513,14 +522,8 @@ def _attention_weights(run: _Run, b, h, t, d, offset, length) -> None:
         run.fail("weights above the causal diagonal (a query attending to a later key) are not 0")
 
 
-for _case, (_b, _h, _t, _d, _off, _len) in {
-    "gpt2-prefill": (1, 12, 16, 64, 0, 16),
-    "chunk-at-offset": (2, 3, 4, 5, 6, 12),
-    "T1-offset-0": (2, 3, 1, 5, 0, 4),
-}.items():
-    _add("attention_weights", _case,
-         f"q {_shape((_b, _h, _t, _d))} at offset {_off}, cache length {_len} (garbage past {_off + _t})",
-         _attention_weights, b=_b, h=_h, t=_t, d=_d, offset=_off, length=_len)
+_add_attention_cases("attention_weights", _attention_weights,
+                     ("gpt2-prefill", "chunk-at-offset", "T1-offset-0"))
 
 
 def _lm_head(run: _Run, x_shape, v) -> None:
