@@ -140,11 +140,10 @@ def _lens(model: Gpt2, be, x: Array, positions: list[int], top: int,
           limit: int) -> list[list[tuple[int, float]]]:
     """The logit lens of one residual stream x [1, T, C] at `positions`: ln_f, the LM head, the softmax
     (in float64 over the ids below `limit`), the `top` (id, probability) pairs of each position."""
-    eps, out = model.config.layer_norm_epsilon, []
+    out = []
     for start in range(0, len(positions), LENS_POSITIONS):
         chunk = positions[start : start + LENS_POSITIONS]
-        xs = _gather(be, x, chunk)
-        logits = be.lm_head(be.layernorm(xs, model.ln_f_g, model.ln_f_b, eps), model.lm_head_w)
+        logits = model.logits(be, _gather(be, x, chunk))
         host = model.check_logits(model.backend.to_numpy(logits)[0], len(chunk))[:, :limit]
         for r in host:
             out.append([(i, math.exp(lp)) for i, lp in top_logprobs(r, top, float(logsumexp(r)))])

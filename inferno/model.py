@@ -120,7 +120,7 @@ class Gpt2:
         h = be.layernorm(x, blk.ln_2_g, blk.ln_2_b, eps)
         return be.add(x, be.mlp(h, blk.fc_w, blk.fc_b, blk.proj_w, blk.proj_b))
 
-    def _logits(self, be, x: Array) -> Array:
+    def logits(self, be, x: Array) -> Array:  # ln_f, then the LM head (inspect reads every layer so)
         return be.lm_head(be.layernorm(x, self.ln_f_g, self.ln_f_b, self.config.layer_norm_epsilon),
                           self.lm_head_w)
 
@@ -159,7 +159,7 @@ class Gpt2:
 
         x = self._blocks(be, be.embedding(self.wte, self.wpe, be.from_numpy(ids), offset), attend, kept)
         cache.length = offset + t
-        return self._logits(be, x if all_logits or last is not None else x[:, 0, :])
+        return self.logits(be, x if all_logits or last is not None else x[:, 0, :])
 
     def forward_ragged(self, rows: Sequence[tuple[Sequence[int], int, int]], slots: KvSlots,
                        logits_for: Sequence[bool] | None = None) -> Array:
@@ -197,4 +197,4 @@ class Gpt2:
         x = self._blocks(be, x, attend, kept)
         if x is None:
             return be.from_numpy(np.zeros((0, c.vocab_size), dtype=np.float32))
-        return self._logits(be, x)[0, :, :]
+        return self.logits(be, x)[0, :, :]
