@@ -323,8 +323,9 @@ def test_plugins_page_installs_the_cpu_torch_before_the_plugin():
 def test_development_page_says_what_ci_runs_of_the_heavy_tests():
     ci = text(ROOT / ".ci" / "run")
     page = text(DOCS / "development.md")
-    assert '\npython -m pytest -q -n auto -m "heavy or slow"\n' in ci
-    assert "`.ci/run` runs them too" in page and "then the `heavy` and `slow` tests" in page
+    assert "python -m pytest -q -m 'heavy or slow' --ignore=tests/serve" in ci
+    assert "python -m pytest -q -m 'heavy or slow' tests/serve" in ci
+    assert "`.ci/run` runs them too" in page and "the `heavy` and `slow` tests" in page
 
 
 def test_benchmark_sections_say_how_and_when():
