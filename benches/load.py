@@ -172,6 +172,7 @@ def main() -> int:
         kinds = ["read", *(f"load:{b}" for b in args.backends.split(","))]
         if args.baseline:
             kinds += [f"base:{b}" for b in args.backends.split(",")]
+        os.sync()  # the file's dirty pages written back now, not during the rounds
         measure("read", folder)  # warms the page cache
         results: dict[str, list[dict]] = {k: [] for k in kinds}
         for r in range(args.rounds):
@@ -186,7 +187,10 @@ def main() -> int:
             seconds = statistics.median(x["seconds"] for x in runs)
             held = runs[0]["held"]
             rss = max(x["peak_rss"] for x in runs)
-            print(f"  {kind:14s} {seconds:6.2f} s  {seconds / read:5.2f}x read   peak RSS "
+            # Each round's own ratio too: the page cache of a shared machine makes whole rounds slower.
+            ratios = [x["seconds"] / r["seconds"] for x, r in zip(runs, results["read"], strict=True)]
+            print(f"  {kind:14s} {seconds:6.2f} s  {seconds / read:5.2f}x read (rounds {min(ratios):.2f}-"
+                  f"{max(ratios):.2f}x, median {statistics.median(ratios):.2f}x)   peak RSS "
                   f"{rss / 1e9:5.2f} GB = {rss / held:4.2f}x the {held / 1e9:.2f} GB held")
     finally:
         if args.keep:
