@@ -297,3 +297,15 @@ def test_the_ragged_path_passes_every_argument_and_result_through_on_every_pass(
         got = be.to_numpy(model.forward_ragged([(rows[0], 0, 0), (rows[1], 1, 0)], model.new_slots(2)))
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
     assert model.kernels.shapes_checked == {"forward", "forward_ragged"}
+
+
+def test_inspection_through_the_guard_passes_every_argument_through():
+    model = broken()
+    logits = model.backend.to_numpy(model.forward(np.asarray(IDS), all_logits=True))[0].astype(np.float64)
+    probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    probs /= probs.sum(axis=-1, keepdims=True)
+    got = inspect_ids(model, IDS[0], top=3)
+    for position, lens in enumerate(got.logit_lens[-1]):  # the model's output: the forward's own logits
+        top = np.argsort(-probs[position], kind="stable")[:3]
+        assert [i for i, _ in lens] == top.tolist()
+        np.testing.assert_allclose([p for _, p in lens], probs[position, top], rtol=1e-4)
