@@ -55,8 +55,9 @@ TESTS: dict[str, tuple[list[str], list[str], list[str]]] = {
              ["tests/test_jobs_lines.py", "tests/test_jobs_plan.py", "tests/test_batch_cli.py",
               "tests/test_score_jsonl.py", "tests/test_hostile_files.py"], []),
     "checked": (["inferno/backends/checked.py"],
-                ["tests/test_checked_diagnose.py", "tests/test_faults_nonfinite.py",
-                 "tests/test_faults_backends.py", "tests/test_model.py"], []),
+                ["tests/test_checked_diagnose.py", "tests/test_checked_guard.py",
+                 "tests/test_faults_nonfinite.py", "tests/test_faults_backends.py",
+                 "tests/test_model.py"], []),
     "kv": (["inferno/kv.py"],
            ["tests/test_kv.py", "tests/test_model.py", "tests/test_engine.py",
             "tests/test_faults_backends.py"], []),
@@ -80,6 +81,12 @@ def workdir(name: str, files: list[str], tests: list[str], deselect: list[str]) 
             shutil.copytree(src, dst, ignore=junk)
         else:
             shutil.copy2(src, dst)
+    configure(work, files, tests, deselect)
+    return work
+
+
+def configure(work: Path, files: list[str], tests: list[str], deselect: list[str]) -> None:
+    """`work`'s setup.cfg: the repository's, with [mutmut] narrowed to `files` and `tests`."""
     cfg = configparser.ConfigParser()
     cfg.read(ROOT / "setup.cfg")
     cfg["mutmut"]["only_mutate"] = "\n" + "\n".join(files)
@@ -91,7 +98,6 @@ def workdir(name: str, files: list[str], tests: list[str], deselect: list[str]) 
     text = io.StringIO()
     cfg.write(text)
     (work / "setup.cfg").write_text(text.getvalue())
-    return work
 
 
 def mutmut(work: Path, *names: str) -> int:
@@ -174,6 +180,7 @@ def main() -> int:
             p.error(f"no earlier run in {work.relative_to(ROOT)}: run scripts/mutate.py {args.module} first")
         shutil.rmtree(work / "tests")
         shutil.copytree(ROOT / "tests", work / "tests", ignore=shutil.ignore_patterns("__pycache__"))
+        configure(work, files, tests, deselect)  # a test file added to the selection since is run too
         start = time.monotonic()
         rc = mutmut(work, *args.again)
         print(f"\nmutmut run {' '.join(args.again)}: exit {rc}, {time.monotonic() - start:.0f} s")

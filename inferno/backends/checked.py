@@ -176,7 +176,7 @@ class _Guard:
     `shapes`, every result's shape is checked too; with `finite`, every result is also copied to the
     host and checked finite."""
 
-    def __init__(self, owner: CheckedBackend, path: str, shapes: bool, finite: bool = False) -> None:
+    def __init__(self, owner: CheckedBackend, path: str, shapes: bool, finite: bool) -> None:
         self.owner, self.be, self.path = owner, owner.backend, path
         self.shapes = shapes or finite
         self.finite = finite
