@@ -195,6 +195,15 @@ def test_float_fields_reject_nan_and_infinity(name, bad):
 
 
 @pytest.mark.parametrize("name", FLOAT_FIELDS)
+@pytest.mark.parametrize("huge", [10**400, -(10**400)])
+def test_float_fields_refuse_an_integer_no_float_holds_and_say_so(name, huge):
+    # JSON's 1e400 written out in digits parses as a Python int; a float field says it overflows.
+    err = one_error(CompletionRequest, **{name: huge})
+    assert (err["type"], err["loc"]) == ("finite_number", (name,))
+    assert err["msg"] == "Input should be a finite number (this one overflows a 64-bit float)"
+
+
+@pytest.mark.parametrize("name", FLOAT_FIELDS)
 @pytest.mark.parametrize("bad", ["1", True, [1.0], {}])
 def test_float_fields_reject_non_numbers(name, bad):
     err = one_error(CompletionRequest, **{name: bad})
