@@ -4,7 +4,7 @@
     python benches/first_token.py                           # half, 16 prompts of 64 tokens, chunks 64,256
     python benches/first_token.py --backends numpy,half --chunks 64 --repeat 5
 
-Each repeat makes a fresh engine (`--slots` = N) for every backend and prefill chunk in turn, submits N
+Each repeat makes a fresh engine (N slots) for every backend and prefill chunk in turn, submits N
 prompts of `--prompt-tokens` random ids at once (temperature 1, `--new-tokens` each), and records when
 each request's first token arrives. Printed: the median and last first token, the aggregate tok/s, and
 the backend's prefill rate on its own: one forward of the N prompts as one ragged batch, in tokens/s and
@@ -16,22 +16,24 @@ first half of the prompts: (N/2 + 1/2) x prompt tokens / that rate, before any d
 from __future__ import annotations
 
 import argparse
+import itertools
+import math
 import statistics
 import threading
 import time
 
-import numpy as np
-
 from inferno.backends.registry import get_backend
-from inferno.bench import GPT2_124M, random_weights
+from inferno.bench import GPT2_124M, prompt_ids, random_weights
 from inferno.engine import Engine
 from inferno.model import Gpt2
 from inferno.options import GenerationOptions
+from inferno.weights import expected_shapes
 
 
 def block_params(config) -> int:
-    c = config.n_embd
-    return config.n_layer * (12 * c * c)  # c_attn 3c^2, c_proj c^2, mlp 8c^2
+    """The blocks' matrix parameters (each one a multiply-add per token)."""
+    shapes = expected_shapes(config)
+    return sum(math.prod(s) for name, s in shapes.items() if name.startswith("h.") and len(s) == 2)
 
 
 def first_tokens(model: Gpt2, prompts: list[list[int]], new: int, chunk: int) -> tuple[list[float], float]:
@@ -81,14 +83,17 @@ def main() -> int:
     models = {spec: Gpt2.from_weights(GPT2_124M, dict(weights), get_backend(spec))
               for spec in args.backends.split(",")}
     chunks = [int(c) for c in args.chunks.split(",")]
-    rng = np.random.default_rng(0)
+    seeds = itertools.count()
+
+    def new_prompts() -> list[list[int]]:
+        return [prompt_ids(args.prompt_tokens, GPT2_124M.vocab_size, next(seeds))
+                for _ in range(args.prompts)]
+
     results: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
     for r in range(args.repeat):
         for spec, model in models.items():
             for chunk in chunks:
-                prompts = [rng.integers(0, GPT2_124M.vocab_size, args.prompt_tokens).tolist()
-                           for _ in range(args.prompts)]
-                firsts, total = first_tokens(model, prompts, args.new_tokens, chunk)
+                firsts, total = first_tokens(model, new_prompts(), args.new_tokens, chunk)
                 results.setdefault((spec, chunk), []).append(
                     (statistics.median(firsts), firsts[-1], args.prompts * args.new_tokens / total))
                 print(f"[repeat {r + 1}, {spec}, chunk {chunk}: median first token "
@@ -107,8 +112,7 @@ def main() -> int:
     print("| --- | --: | --: | --: |")
     half_tokens = (args.prompts / 2 + 0.5) * args.prompt_tokens
     for spec, model in models.items():
-        rate = prefill_rate(model, [rng.integers(0, GPT2_124M.vocab_size, args.prompt_tokens).tolist()
-                                    for _ in range(args.prompts)])
+        rate = prefill_rate(model, new_prompts())
         print(f"| {spec} | {rate:.0f} | {rate * flops / 1e9:.0f} | {half_tokens / rate * 1e3:.0f} |")
     return 0
 
