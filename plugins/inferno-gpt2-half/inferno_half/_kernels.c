@@ -358,8 +358,8 @@ static const tile256_fn HALF512[MR_HALF + 1] = {NULL, NULL, NULL, NULL, NULL, NU
     t512h_21, t512h_22, t512h_23, t512h_24};
 
 /* Panels p0 .. p1 - 1 for every row of x [m, k], AVX-512: one row takes four panels at a time (8 FMA
-   chains, 4 streams), two or three rows two panels; up to MR_MAX rows one whole panel; more, tiles of
-   13 to MR_HALF rows (balanced) over each half of a panel. */
+   chains, 4 streams), two or three rows two panels; up to MR_MAX rows one whole panel; more, balanced
+   tiles of up to MR_HALF rows, those over MR_MAX over each half of a panel. */
 X512 static void panels_avx512(const float *x, int64_t m, int64_t k, const uint16_t *w, int64_t p0,
                                int64_t p1, const float *b, float *y, int64_t n, int fmt, int act,
                                const int64_t *sizes, int64_t tiles) {
@@ -456,8 +456,8 @@ static int max_threads(void) {
    all its rows, where a pointer per row ran out of registers at 16 rows. */
 static int64_t tile_plan(int simd, int64_t m, int64_t *sizes) {
     int64_t most = simd == PATH_AVX512 ? (m <= MR_MAX ? MR_MAX : MR_HALF) : (m <= 2 ? 2 : 6);
+    /* ceil(m / most) tiles, so none is larger than its table (25 rows: 13 and 12, a whole-panel tile). */
     int64_t tiles = (m + most - 1) / most;
-    if (simd == PATH_AVX512 && m > MR_MAX && m / tiles < MR_MAX + 1) tiles = m / (MR_MAX + 1);
     for (int64_t t = 0; t < tiles; t++) sizes[t] = m / tiles + (t < m % tiles);
     return tiles;
 }

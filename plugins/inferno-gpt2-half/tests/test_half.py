@@ -128,6 +128,23 @@ def test_kernel_product_of_many_rows_matches_float64(fmt, m, kernel_path):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
+def test_kernel_product_of_every_row_count_matches_float64(fmt, kernel_path):
+    # Every m from 1 to two passes over the weights (MC = 96) and one more: each m is its own tile plan
+    # (25 rows once made a tile larger than the AVX-512 table and jumped to a null function).
+    rng = np.random.default_rng(25)
+    k, n = 24, 40
+    x_all = rng.standard_normal((2 * 96 + 1, k)).astype(np.float32)
+    w_in_out = rng.standard_normal((k, n)).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    w = hb.pack(w_in_out.T, fmt)
+    want_all = x_all.astype(np.float64) @ _rounded(w_in_out, fmt) + b
+    for m in range(1, len(x_all) + 1):
+        y = np.full((m, n), np.nan, np.float32)
+        assert hb._KERNELS.matmul(x_all[:m], w.blocks, n, b, y, hb.FORMATS[fmt], 2, False)
+        np.testing.assert_allclose(y, want_all[:m], rtol=1e-5, atol=1e-5, err_msg=f"{m} rows")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_a_row_gets_the_same_bits_in_any_batch_and_on_either_simd_path(fmt):
     # Each output is one FMA chain over k whatever the tile, so a sequence's logits do not depend on who
     # shares its step; and the AVX2 and AVX-512 paths compute the same chains.
