@@ -19,7 +19,8 @@
    Paths, chosen at run time by CPU feature: AVX-512F (x86-64-v4), AVX2 + FMA + F16C, portable C.
    The panels are split among OpenMP threads where the compiler supports OpenMP.
 
-   Two weight formats: IEEE float16 (FMT_F16) and bfloat16 (FMT_BF16, the top half of a float32).
+   Two 16-bit weight formats: IEEE float16 (FMT_F16) and bfloat16 (FMT_BF16, the top half of a float32);
+   int8 weights (FMT_I8) multiply int8-quantized inputs instead, see "int8 products" below.
    Python calls the kernels through the functions at the end of this file, which take NumPy arrays. */
 
 #define PY_SSIZE_T_CLEAN
@@ -35,7 +36,7 @@
 
 #define FMT_F16 0
 #define FMT_BF16 1
-#define FMT_I8 2   /* int8, one float32 scale per output (see panel_elems) */
+#define FMT_I8 2   /* int8, one float32 scale per output (see panel_elems and "int8 products") */
 
 #define PANEL 32   /* outputs per panel */
 #define TASK 4     /* panels per thread task: 128 outputs */
@@ -78,11 +79,25 @@ static float bf16_to_f32(uint16_t h) {
 
 static inline float widen(uint16_t h, int fmt) { return fmt == FMT_F16 ? f16_to_f32(h) : bf16_to_f32(h); }
 
-/* Weights are addressed by element: 2 bytes in the 16-bit formats, 1 in int8. An int8 panel holds its K
-   rows of 32 weights, then its 32 outputs' float32 scales (128 bytes: 4 more rows). */
-static inline int64_t panel_elems(int64_t k, int fmt) { return (k + (fmt == FMT_I8 ? 4 : 0)) * PANEL; }
+/* int8 products quantize the inputs in blocks of QB along k (see "int8 products"). */
+#define QB 32
+
+/* k rounded up to whole blocks of QB: the inputs an int8 panel holds (the padding zero). */
+static inline int64_t kpad(int64_t k) { return (k + QB - 1) / QB * QB; }
+
+/* Weights are addressed by element: 2 bytes in the 16-bit formats, 1 in int8. An int8 panel holds
+   kpad(k) inputs in groups of 4 ([kpad / 4][32 outputs][4 inputs]: the operand layout of VNNI's
+   vpdpbusd, 4 inputs of one output in each 32-bit lane), then its 32 outputs' float32 scales (128 bytes:
+   4 more rows of 32). */
+static inline int64_t panel_elems(int64_t k, int fmt) { return fmt == FMT_I8 ? (kpad(k) + 4) * PANEL : k * PANEL; }
 #define AT(w, e, fmt) ((const char *)(w) + (e) * ((fmt) == FMT_I8 ? 1 : 2))
 #define PAN(w, e, fmt) ((const uint16_t *)AT(w, e, fmt))
+
+/* Where input i of output j (0 .. 31) of panel p sits, in elements. */
+static inline int64_t elem_at(int64_t p, int64_t i, int64_t j, int64_t k, int fmt) {
+    if (fmt == FMT_I8) return p * panel_elems(k, fmt) + (i >> 2) * 4 * PANEL + j * 4 + (i & 3);
+    return p * panel_elems(k, fmt) + i * PANEL + j;
+}
 
 /* Element e widened to float32 (an int8 one unscaled). */
 static inline float widen_at(const uint16_t *w, int64_t e, int fmt) {
@@ -91,7 +106,7 @@ static inline float widen_at(const uint16_t *w, int64_t e, int fmt) {
 
 /* The scales of panel p of an int8 weight over k inputs. */
 static inline const float *scales_of(const uint16_t *w, int64_t p, int64_t k) {
-    return (const float *)AT(w, p * panel_elems(k, FMT_I8) + k * PANEL, FMT_I8);
+    return (const float *)AT(w, p * panel_elems(k, FMT_I8) + kpad(k) * PANEL, FMT_I8);
 }
 
 /* GPT-2's tanh GELU as x * sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3): the same function, since
@@ -147,7 +162,6 @@ static void panels_portable(const float *x, int64_t m, int64_t k, const uint16_t
 #endif
 
 X86 static INLINE __m256 load8(const uint16_t *w, int64_t e, int fmt) {
-    if (fmt == FMT_I8) return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)AT(w, e, fmt))));
     __m128i h = _mm_loadu_si128((const __m128i *)(w + e));
     if (fmt == FMT_F16) return _mm256_cvtph_ps(h);
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
@@ -238,8 +252,7 @@ X86 static INLINE void tile256(const float *x, int64_t k, const uint16_t *w, int
 #define T256(MR, G, H0, NH) \
     X86 static void t256_##MR##_##G##_##H0##_##NH(ARGS256, int fmt) { \
         if (fmt == FMT_F16) tile256(PASS256, MR, G, H0, NH, FMT_F16, b, y, n, col0, act); \
-        else if (fmt == FMT_BF16) tile256(PASS256, MR, G, H0, NH, FMT_BF16, b, y, n, col0, act); \
-        else tile256(PASS256, MR, G, H0, NH, FMT_I8, b, y, n, col0, act); }
+        else tile256(PASS256, MR, G, H0, NH, FMT_BF16, b, y, n, col0, act); }
 T256(1, 1, 0, 4) T256(1, 2, 0, 4) T256(2, 1, 0, 4)
 T256(1, 1, 0, 2) T256(2, 1, 0, 2) T256(3, 1, 0, 2) T256(4, 1, 0, 2) T256(5, 1, 0, 2) T256(6, 1, 0, 2)
 T256(1, 1, 2, 2) T256(2, 1, 2, 2) T256(3, 1, 2, 2) T256(4, 1, 2, 2) T256(5, 1, 2, 2) T256(6, 1, 2, 2)
@@ -270,7 +283,6 @@ X86 static void panels_avx2(const float *x, int64_t m, int64_t k, const uint16_t
 /* ----------------------------------------------------------------------------------------- AVX-512 */
 
 X512 static INLINE __m512 load16(const uint16_t *w, int64_t e, int fmt) {
-    if (fmt == FMT_I8) return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)AT(w, e, fmt))));
     __m256i h = _mm256_loadu_si256((const __m256i *)(w + e));
     if (fmt == FMT_F16) return _mm512_cvtph_ps(h);
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
@@ -312,8 +324,7 @@ X512 static INLINE void tile512(const float *x, int64_t k, const uint16_t *w, in
 #define T512(MR, G) \
     X512 static void t512_##MR##_##G(ARGS256, int fmt) { \
         if (fmt == FMT_F16) tile512(PASS256, MR, G, FMT_F16, b, y, n, col0, act); \
-        else if (fmt == FMT_BF16) tile512(PASS256, MR, G, FMT_BF16, b, y, n, col0, act); \
-        else tile512(PASS256, MR, G, FMT_I8, b, y, n, col0, act); }
+        else tile512(PASS256, MR, G, FMT_BF16, b, y, n, col0, act); }
 T512(1, 1) T512(1, 2) T512(1, 3) T512(1, 4) T512(2, 1) T512(2, 2) T512(3, 1) T512(3, 2)
 T512(4, 1) T512(5, 1) T512(6, 1) T512(7, 1) T512(8, 1) T512(9, 1) T512(10, 1) T512(11, 1) T512(12, 1)
 
@@ -347,10 +358,8 @@ X512 static INLINE void tile512h(const float *x, int64_t k, const uint16_t *w, c
     X512 static void t512h_##MR(ARGS256, int fmt) { (void)gs; \
         if (fmt == FMT_F16) { tile512h(x, k, w, MR, 0, FMT_F16, b, y, n, col0, act); \
                               tile512h(x, k, w, MR, 1, FMT_F16, b, y, n, col0, act); } \
-        else if (fmt == FMT_BF16) { tile512h(x, k, w, MR, 0, FMT_BF16, b, y, n, col0, act); \
-                                    tile512h(x, k, w, MR, 1, FMT_BF16, b, y, n, col0, act); } \
-        else { tile512h(x, k, w, MR, 0, FMT_I8, b, y, n, col0, act); \
-               tile512h(x, k, w, MR, 1, FMT_I8, b, y, n, col0, act); } }
+        else { tile512h(x, k, w, MR, 0, FMT_BF16, b, y, n, col0, act); \
+               tile512h(x, k, w, MR, 1, FMT_BF16, b, y, n, col0, act); } }
 T512H(13) T512H(14) T512H(15) T512H(16) T512H(17) T512H(18) T512H(19) T512H(20) T512H(21) T512H(22)
 T512H(23) T512H(24)
 static const tile256_fn HALF512[MR_HALF + 1] = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
@@ -497,11 +506,318 @@ static void panels(int simd, const float *x, int64_t m, int64_t k, const uint16_
     panels_portable(x, m, k, w, p0, p1, b, y, n, fmt, act);
 }
 
+/* ------------------------------------------------------------------------------------ int8 products
+   An int8 weight is multiplied by int8 inputs, as llama.cpp's q8_0 does: each row of x is quantized at
+   the start of a product in blocks of QB = 32 inputs, x[i] ~ q[i] * d (d = max |block| / 127, q rounded
+   to nearest even), so that a block's products are an exact int32 sum of int8 products, which VNNI's
+   vpdpbusd computes 64 at a time (four times float32's FMAs per instruction). Then
+
+       y[m, j] = scale[j] * sum over blocks of d[m, block] * isum[m, j, block]   (+ bias, then gelu)
+
+   The int32 sums are exact on every path and the float sum runs over the blocks in order, one FMA each
+   (plain multiply-add on the portable path), so a row gets the same bits in any batch, and the AVX2 path
+   the AVX-512 path's. A block holding inf or NaN gets d = NaN: the outputs are NaN, never garbage. */
+
+/* Row x [k] → q [kpad(k)] (the padding zero), d [kpad / QB] and c [kpad / QB] = -128 * sum of each
+   block's q (the correction of vpdpbusd's unsigned operand, see q8tile512). */
+static void quantize_row(const float *x, int64_t k, int8_t *q, float *d, int32_t *c) {
+    for (int64_t b0 = 0, blk = 0; b0 < kpad(k); b0 += QB, blk++) {
+        int64_t end = min64(k, b0 + QB);
+        float amax = 0.0f;
+        int finite = 1;
+        for (int64_t i = b0; i < end; i++) {
+            float a = fabsf(x[i]);
+            finite &= a <= 3.4028235e38f;  /* false for inf and NaN */
+            amax = a > amax ? a : amax;
+        }
+        float dd = amax / 127.0f, id = dd > 0.0f ? 1.0f / dd : 0.0f;
+        int32_t sum = 0;
+        for (int64_t i = b0; i < b0 + QB; i++) {
+            float v = i < end && finite ? x[i] * id : 0.0f;
+            /* Round to nearest, ties to even, as rintf in the default mode: 1.5 * 2^23 pushes the fraction
+               out of a float32 (|v| <= 127.5). */
+            v = (v + 12582912.0f) - 12582912.0f;
+            int32_t qi = (int32_t)v;
+            qi = qi > 127 ? 127 : qi < -127 ? -127 : qi;
+            q[i] = (int8_t)qi;
+            sum += qi;
+        }
+        d[blk] = finite ? dd : NAN;
+        c[blk] = -128 * sum;
+    }
+}
+
+/* Portable C: rows r0 .. r0 + rows - 1 of the quantized x (q [rows][kp], d [rows][kb]) times panels
+   p0 .. p1 - 1, the raw sums (before the scales) into y. */
+static void q8_portable(const int8_t *q, const float *d, int64_t rows, int64_t k, const int8_t *w, int64_t p0,
+                        int64_t p1, float *y, int64_t n) {
+    int64_t kp = kpad(k), kb = kp / QB, gs = panel_elems(k, FMT_I8);
+    for (int64_t p = p0; p < p1; p++)
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t j = 0; j < PANEL && p * PANEL + j < n; j++) {
+                const int8_t *wp = w + p * gs + j * 4;
+                const int8_t *qr = q + r * kp;
+                float acc = 0.0f;
+                for (int64_t blk = 0; blk < kb; blk++) {
+                    int32_t s = 0;
+                    for (int64_t i = blk * QB; i < (blk + 1) * QB; i++) s += (int32_t)qr[i] * wp[(i >> 2) * 4 * PANEL + (i & 3)];
+                    acc += d[r * kb + blk] * (float)s;
+                }
+                y[r * n + p * PANEL + j] = acc;
+            }
+}
+
+#if HAVE_X86
+#define X512V __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
+
+/* The raw sums of a tile: `mr` rows times `nv` vectors of 16 outputs, vector v the half (h0 + v) % 2 of
+   panel (h0 + v) / 2 from w (gs bytes a panel). xg: the rows' 4-input groups as int32, input-major
+   ([group][mr]); dd, cc: their blocks' d and c ([block][mr]). vpdpbusd multiplies unsigned bytes by
+   signed ones: the weights, two's complement, become unsigned by flipping their top bit (w + 128), and
+   each block's int32 sum starts at -128 * sum(q) to take the 128s back out. */
+X512V static INLINE void q8tile512(const int32_t *xg, const float *dd, const int32_t *cc, int64_t kb,
+                                   const int8_t *w, int64_t gs, const int mr, const int nv, const int h0,
+                                   float *y, int64_t n, int64_t col0) {
+    __m512 fa[12][8];
+    __m512i ia[12][8], wv[8];
+    const __m512i top = _mm512_set1_epi8((char)0x80);
+    const int8_t *base[8];
+#pragma GCC unroll 8
+    for (int v = 0; v < nv; v++) base[v] = w + ((h0 + v) / 2) * gs + ((h0 + v) % 2) * 64;
+#pragma GCC unroll 12
+    for (int r = 0; r < mr; r++)
+#pragma GCC unroll 8
+        for (int v = 0; v < nv; v++) fa[r][v] = _mm512_setzero_ps();
+    for (int64_t blk = 0; blk < kb; blk++) {
+#pragma GCC unroll 12
+        for (int r = 0; r < mr; r++) {
+            __m512i c = _mm512_set1_epi32(cc[blk * mr + r]);
+#pragma GCC unroll 8
+            for (int v = 0; v < nv; v++) ia[r][v] = c;
+        }
+#pragma GCC unroll 8
+        for (int g = 0; g < QB / 4; g++) {
+            int64_t gi = blk * (QB / 4) + g;
+#pragma GCC unroll 8
+            for (int v = 0; v < nv; v++) {
+                if (mr < 4) _mm_prefetch((const char *)base[v] + gi * 128 + 2 * PREFETCH, _MM_HINT_T0);
+                wv[v] = _mm512_xor_si512(_mm512_loadu_si512((const void *)(base[v] + gi * 128)), top);
+            }
+#pragma GCC unroll 12
+            for (int r = 0; r < mr; r++) {
+                __m512i xb = _mm512_set1_epi32(xg[gi * mr + r]);
+#pragma GCC unroll 8
+                for (int v = 0; v < nv; v++) ia[r][v] = _mm512_dpbusd_epi32(ia[r][v], wv[v], xb);
+            }
+        }
+#pragma GCC unroll 12
+        for (int r = 0; r < mr; r++) {
+            __m512 db = _mm512_set1_ps(dd[blk * mr + r]);
+#pragma GCC unroll 8
+            for (int v = 0; v < nv; v++) fa[r][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[r][v]), db, fa[r][v]);
+        }
+    }
+    for (int r = 0; r < mr; r++)
+        for (int v = 0; v < nv; v++) {
+            int64_t col = col0 + ((h0 + v) / 2) * PANEL + ((h0 + v) % 2) * 16;
+            if (col >= n) continue;
+            __mmask16 keep = n - col >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - col)) - 1);
+            _mm512_mask_storeu_ps(y + r * n + col, keep, fa[r][v]);
+        }
+}
+
+#define ARGSQ8 const int32_t *xg, const float *dd, const int32_t *cc, int64_t kb, const int8_t *w, int64_t gs, \
+               int h0, float *y, int64_t n, int64_t col0
+typedef void (*q8_fn)(ARGSQ8);
+#define Q512(MR, NV) \
+    X512V static void q512_##MR##_##NV(ARGSQ8) { \
+        if (h0) q8tile512(xg, dd, cc, kb, w, gs, MR, NV, 1, y, n, col0); \
+        else q8tile512(xg, dd, cc, kb, w, gs, MR, NV, 0, y, n, col0); }
+Q512(1, 2) Q512(1, 4) Q512(1, 6) Q512(1, 8) Q512(2, 2) Q512(2, 4) Q512(3, 2) Q512(3, 4) Q512(4, 2) Q512(5, 2)
+Q512(6, 2) Q512(1, 1) Q512(2, 1) Q512(3, 1) Q512(4, 1) Q512(5, 1) Q512(6, 1) Q512(7, 1) Q512(8, 1) Q512(9, 1)
+Q512(10, 1) Q512(11, 1) Q512(12, 1)
+/* [rows][panels] for up to 3 rows (4 panels at one row, 2 at two or three); [rows] over a whole panel
+   for 4 to 6; [rows] over half a panel up to 12. */
+static const q8_fn WIDEQ8[4][5] = {{NULL}, {NULL, q512_1_2, q512_1_4, q512_1_6, q512_1_8},
+                                   {NULL, q512_2_2, q512_2_4}, {NULL, q512_3_2, q512_3_4}};
+static const q8_fn WHOLEQ8[7] = {NULL, q512_1_2, q512_2_2, q512_3_2, q512_4_2, q512_5_2, q512_6_2};
+static const q8_fn HALFQ8[13] = {NULL, q512_1_1, q512_2_1, q512_3_1, q512_4_1, q512_5_1, q512_6_1, q512_7_1,
+                                 q512_8_1, q512_9_1, q512_10_1, q512_11_1, q512_12_1};
+
+/* AVX2 (no VNNI): the same int32 sums as llama.cpp's AVX2 q8_0 dot: |q| times the weight with q's sign
+   (vpsignb), pairs summed by vpmaddubsw (at most 2 * 127 * 127: no saturation), then vpmaddwd by ones.
+   `mr` rows times `nv` vectors of 8 outputs, vector v the quarter (h0 + v) % 4 of panel (h0 + v) / 4. */
+X86 static INLINE void q8tile256(const int32_t *xg, const float *dd, int64_t kb, const int8_t *w, int64_t gs,
+                                 const int mr, const int nv, const int h0, float *y, int64_t n, int64_t col0) {
+    __m256 fa[2][4];
+    __m256i ia[2][4], wv[4];
+    const __m256i ones = _mm256_set1_epi16(1);
+    const int8_t *base[4];
+#pragma GCC unroll 4
+    for (int v = 0; v < nv; v++) base[v] = w + ((h0 + v) / 4) * gs + ((h0 + v) % 4) * 32;
+#pragma GCC unroll 2
+    for (int r = 0; r < mr; r++)
+#pragma GCC unroll 4
+        for (int v = 0; v < nv; v++) fa[r][v] = _mm256_setzero_ps();
+    for (int64_t blk = 0; blk < kb; blk++) {
+#pragma GCC unroll 2
+        for (int r = 0; r < mr; r++)
+#pragma GCC unroll 4
+            for (int v = 0; v < nv; v++) ia[r][v] = _mm256_setzero_si256();
+        for (int g = 0; g < QB / 4; g++) {
+            int64_t gi = blk * (QB / 4) + g;
+#pragma GCC unroll 4
+            for (int v = 0; v < nv; v++) wv[v] = _mm256_loadu_si256((const __m256i *)(base[v] + gi * 128));
+#pragma GCC unroll 2
+            for (int r = 0; r < mr; r++) {
+                __m256i xb = _mm256_set1_epi32(xg[gi * mr + r]), ax = _mm256_abs_epi8(xb);
+#pragma GCC unroll 4
+                for (int v = 0; v < nv; v++)
+                    ia[r][v] = _mm256_add_epi32(ia[r][v], _mm256_madd_epi16(
+                        _mm256_maddubs_epi16(ax, _mm256_sign_epi8(wv[v], xb)), ones));
+            }
+        }
+#pragma GCC unroll 2
+        for (int r = 0; r < mr; r++) {
+            __m256 db = _mm256_set1_ps(dd[blk * mr + r]);
+#pragma GCC unroll 4
+            for (int v = 0; v < nv; v++) fa[r][v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[r][v]), db, fa[r][v]);
+        }
+    }
+    for (int r = 0; r < mr; r++)
+        for (int v = 0; v < nv; v++) {
+            int64_t col = col0 + ((h0 + v) / 4) * PANEL + ((h0 + v) % 4) * 8;
+            if (col >= n) continue;
+            float t[8];
+            _mm256_storeu_ps(t, fa[r][v]);
+            for (int64_t j = 0; j < 8 && col + j < n; j++) y[r * n + col + j] = t[j];
+        }
+}
+
+#define Q256(MR, NV) \
+    X86 static void q256_##MR##_##NV(ARGSQ8) { (void)cc; \
+        if (h0) q8tile256(xg, dd, kb, w, gs, MR, NV, 2, y, n, col0); \
+        else q8tile256(xg, dd, kb, w, gs, MR, NV, 0, y, n, col0); }
+Q256(1, 4) Q256(1, 2) Q256(2, 2)
+
+static int cpu_has_vnni(void) {
+    __builtin_cpu_init();
+    return cpu_has_avx512() && __builtin_cpu_supports("avx512vnni");
+}
+#endif
+
+/* How the int8 path `simd` (PATH_AVX512 with VNNI, PATH_AVX2, else portable) splits m rows into tiles
+   (sizes, in order; returns how many): AVX-512 up to 6 rows in one tile, more in balanced tiles of up to
+   12 (over half panels); AVX2 tiles of 2 rows (the last 1 for odd m); portable one tile. */
+static int64_t q8_plan(int simd, int64_t m, int64_t *sizes) {
+    int64_t most = simd == PATH_AVX512 ? (m <= 6 ? 6 : 12) : simd == PATH_AVX2 ? 2 : m;
+    int64_t tiles = (m + most - 1) / most;
+    if (simd == PATH_AVX2) {
+        for (int64_t t = 0; t < tiles; t++) sizes[t] = min64(2, m - 2 * t);
+        return tiles;
+    }
+    for (int64_t t = 0; t < tiles; t++) sizes[t] = m / tiles + (t < m % tiles);
+    return tiles;
+}
+
+/* Panels p0 .. p1 - 1 of the raw sums for the packed tiles of the quantized rows (xg, dd, cc: tile t's at
+   offsets r0 * groups and r0 * kb), on an x86 path. */
+#if HAVE_X86
+static void q8_panels_x86(int simd, const int32_t *xg, const float *dd, const int32_t *cc, int64_t m, int64_t k,
+                          const int8_t *w, int64_t p0, int64_t p1, float *y, int64_t n, const int64_t *sizes,
+                          int64_t tiles) {
+    int64_t kb = kpad(k) / QB, groups = kpad(k) / 4, gs = panel_elems(k, FMT_I8);
+    if (simd == PATH_AVX512 && m <= 3) {
+        int64_t most = m == 1 ? 4 : 2;
+        for (int64_t p = p0; p < p1;) {
+            int64_t g = min64(most, p1 - p);
+            WIDEQ8[m][g](xg, dd, cc, kb, w + p * gs, gs, 0, y, n, p * PANEL);
+            p += g;
+        }
+        return;
+    }
+    for (int64_t p = p0; p < p1; p++)
+        for (int64_t t = 0, r0 = 0; t < tiles; r0 += sizes[t], t++) {
+            const int32_t *xt = xg + r0 * groups;
+            const float *dt = dd + r0 * kb;
+            const int32_t *ct = cc + r0 * kb;
+            float *yt = y + r0 * n;
+            if (simd == PATH_AVX512 && sizes[t] <= 6 && tiles == 1) {
+                WHOLEQ8[sizes[t]](xt, dt, ct, kb, w + p * gs, gs, 0, yt, n, p * PANEL);
+            } else if (simd == PATH_AVX512) {
+                HALFQ8[sizes[t]](xt, dt, ct, kb, w + p * gs, gs, 0, yt, n, p * PANEL);
+                HALFQ8[sizes[t]](xt, dt, ct, kb, w + p * gs, gs, 1, yt, n, p * PANEL);
+            } else if (m == 1) {
+                q256_1_4(xt, dt, ct, kb, w + p * gs, gs, 0, yt, n, p * PANEL);
+            } else {
+                const q8_fn f = sizes[t] == 2 ? q256_2_2 : q256_1_2;
+                f(xt, dt, ct, kb, w + p * gs, gs, 0, yt, n, p * PANEL);
+                f(xt, dt, ct, kb, w + p * gs, gs, 1, yt, n, p * PANEL);
+            }
+        }
+}
+#endif
+
+/* The int8 path this CPU runs under simd_path() `simd`: VNNI needs AVX-512 VNNI, else AVX2's. */
+static int q8_path(int simd) {
+#if HAVE_X86
+    if (simd == PATH_AVX512 && !cpu_has_vnni()) return PATH_AVX2;
+    return simd;
+#else
+    (void)simd;
+    return PATH_PORTABLE;
+#endif
+}
+
+/* product() for an int8 weight: MC rows at a time, each chunk quantized (quantize_row), packed tile by tile
+   for the SIMD paths, its panels split among the threads, then finish_i8. Returns 0, or -1 out of memory. */
+static int product_q8(const float *x, int64_t m, int64_t k, const uint16_t *w, int64_t n, const float *b,
+                      float *y, int threads, int act) {
+    int64_t count = (n + PANEL - 1) / PANEL, tasks = (count + TASK - 1) / TASK, sizes[MC];
+    int64_t kp = kpad(k), kb = kp / QB, groups = kp / 4, mc0 = min64(m, MC);
+    int simd = q8_path(simd_path());
+    int8_t *q = malloc((size_t)(mc0 * kp));
+    float *d = malloc(sizeof(float) * (size_t)(mc0 * kb)), *dp = malloc(sizeof(float) * (size_t)(mc0 * kb));
+    int32_t *c = malloc(sizeof(int32_t) * (size_t)(mc0 * kb)), *cp = malloc(sizeof(int32_t) * (size_t)(mc0 * kb));
+    int32_t *xg = malloc(sizeof(int32_t) * (size_t)(mc0 * groups));
+    int failed = !q || !d || !dp || !c || !cp || !xg;
+    (void)threads;
+    for (int64_t m0 = 0; m0 < m && !failed; m0 += MC) {
+        int64_t mc = min64(MC, m - m0), tiles = q8_plan(simd, mc, sizes);
+        for (int64_t r = 0; r < mc; r++) quantize_row(x + (m0 + r) * k, k, q + r * kp, d + r * kb, c + r * kb);
+        for (int64_t t = 0, r0 = 0; t < tiles; r0 += sizes[t], t++)
+            for (int64_t r = 0; r < sizes[t]; r++) {
+                for (int64_t g = 0; g < groups; g++)
+                    memcpy(xg + r0 * groups + g * sizes[t] + r, q + (r0 + r) * kp + 4 * g, 4);
+                for (int64_t blk = 0; blk < kb; blk++) {
+                    dp[r0 * kb + blk * sizes[t] + r] = d[(r0 + r) * kb + blk];
+                    cp[r0 * kb + blk * sizes[t] + r] = c[(r0 + r) * kb + blk];
+                }
+            }
+        float *ym = y + m0 * n;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1) if (threads > 1 && tasks > 1)
+#endif
+        for (int64_t t = 0; t < tasks; t++) {
+            int64_t p0 = t * TASK, p1 = min64(count, (t + 1) * TASK);
+#if HAVE_X86
+            if (simd != PATH_PORTABLE) q8_panels_x86(simd, xg, dp, cp, mc, k, (const int8_t *)w, p0, p1, ym, n, sizes, tiles);
+            else
+#endif
+                q8_portable(q, d, mc, k, (const int8_t *)w, p0, p1, ym, n);
+            finish_i8(simd, w, k, ym, mc, n, p0 * PANEL, min64(n, p1 * PANEL), b, act);
+        }
+    }
+    free(q); free(d); free(dp); free(c); free(cp); free(xg);
+    return failed ? -1 : 0;
+}
+
 /* y = x @ w.T + b, see the top of the file: x is [m, k], w the panels of n outputs, y [m, n]; with `act`
    1, y = gelu_new(x @ w.T + b) (the MLP's first product). MC rows at a time, each chunk's panels split
    among `threads` threads in tasks of TASK panels. Returns 0. */
 static int product(const float *x, int64_t m, int64_t k, const uint16_t *w, int64_t n, const float *b, float *y,
                    int fmt, int threads, int act) {
+    if (fmt == FMT_I8) return product_q8(x, m, k, w, n, b, y, threads, act);
     int64_t count = (n + PANEL - 1) / PANEL, tasks = (count + TASK - 1) / TASK, sizes[MC];
     int simd = simd_path();
     float *xp = NULL;
@@ -519,9 +835,7 @@ static int product(const float *x, int64_t m, int64_t k, const uint16_t *w, int6
 #endif
         for (int64_t t = 0; t < tasks; t++) {
             int64_t p0 = t * TASK, p1 = min64(count, (t + 1) * TASK);
-            if (fmt != FMT_I8) { panels(simd, xs, mc, k, w, p0, p1, b, y + m0 * n, n, fmt, act, sizes, tiles); continue; }
-            panels(simd, xs, mc, k, w, p0, p1, NULL, y + m0 * n, n, fmt, 0, sizes, tiles);
-            finish_i8(simd, w, k, y + m0 * n, mc, n, p0 * PANEL, min64(n, p1 * PANEL), b, act);
+            panels(simd, xs, mc, k, w, p0, p1, b, y + m0 * n, n, fmt, act, sizes, tiles);
         }
     }
     free(xp);
@@ -532,9 +846,8 @@ static int product(const float *x, int64_t m, int64_t k, const uint16_t *w, int6
    the host copy of a weight. */
 static void unpack_rows(const uint16_t *w, int64_t k, int64_t j0, int64_t j1, float *dst, int fmt) {
     for (int64_t j = j0; j < j1; j++) {
-        int64_t e = (j / PANEL) * panel_elems(k, fmt) + j % PANEL;
         float *row = dst + (j - j0) * k, s = fmt == FMT_I8 ? scales_of(w, j / PANEL, k)[j % PANEL] : 1.0f;
-        for (int64_t i = 0; i < k; i++) row[i] = widen_at(w, e + i * PANEL, fmt) * s;
+        for (int64_t i = 0; i < k; i++) row[i] = widen_at(w, elem_at(j / PANEL, i, j % PANEL, k, fmt), fmt) * s;
     }
 }
 
@@ -549,13 +862,12 @@ static void unpack_t(const uint16_t *w, int64_t k, int64_t p0, int64_t p1, float
 #endif
     for (int64_t i = 0; i < k; i++)
         for (int64_t p = p0; p < p1; p++) {
-            int64_t e = p * panel_elems(k, fmt) + i * PANEL;
             float *out = dst + i * cols + (p - p0) * PANEL;
 #if HAVE_X86
-            if (simd && fmt != FMT_I8) { widen32_x86(w + e, out, fmt); continue; }
+            if (simd && fmt != FMT_I8) { widen32_x86(w + elem_at(p, i, 0, k, fmt), out, fmt); continue; }
 #endif
             for (int j = 0; j < PANEL; j++)
-                out[j] = widen_at(w, e + j, fmt) * (fmt == FMT_I8 ? scales_of(w, p, k)[j] : 1.0f);
+                out[j] = widen_at(w, elem_at(p, i, j, k, fmt), fmt) * (fmt == FMT_I8 ? scales_of(w, p, k)[j] : 1.0f);
         }
 }
 

@@ -5,11 +5,14 @@
     inferno --backend half:dtype=int8 "Hello"            # int8 weights, quantized at load
     inferno --backend half:threads=1 "Hello"
 
-Only the weights are rounded: to float16 or bfloat16, or quantized to int8 with one float32 scale per
-output (max |row| / 127, see `quantize`). Activations, the KV cache, every sum and the logits stay
-float32: this is `numpy`'s backend with different matrix products. A step of one sequence reads every
-weight once, so its speed is the memory bandwidth over the bytes of the weights, which 16 bits halve and
-int8 halves again.
+In the 16-bit formats only the weights are rounded (to float16 or bfloat16); activations, the KV cache,
+every sum and the logits stay float32: this is `numpy`'s backend with different matrix products. int8
+quantizes the weights at load, one float32 scale per output (max |row| / 127, see `quantize`), and each
+product's inputs as it runs, in blocks of 32 (`quantize_blocks`, as llama.cpp's q8_0), so that the
+products are int8 dot products with int32 sums (VNNI where the CPU has it: four times float32's
+multiply-adds per instruction); everything between the products stays float32. A step of one sequence
+reads every weight once, so its speed is the memory bandwidth over the bytes of the weights, which 16
+bits halve and int8 halves again; a prompt, or a step of many sequences, is bound by the arithmetic.
 
 What runs in C (`_kernels.c`), and why:
 
@@ -18,7 +21,9 @@ What runs in C (`_kernels.c`), and why:
   registers once and multiplied into a tile of up to 24 rows, so a step of many sequences (or a prompt)
   reads and widens each weight once per tile and is bound by the FMAs, not by unpacking. Each output is
   one FMA chain over its inputs, the same for any number of rows: a sequence gets the same bits batched
-  or alone. Paths by CPU feature at run time: AVX-512, AVX2 + FMA + F16C, portable C; OpenMP threads.
+  or alone. int8 panels hold 4 inputs of an output side by side (VNNI's operand), and a tile's int32
+  block sums are exact on every path. Paths by CPU feature at run time: AVX-512 (with VNNI for int8),
+  AVX2 + FMA + F16C, portable C; OpenMP threads.
 * The rest of a decode step, because at one token a step NumPy's calls cost more than the work: the
   layer norms; the attention block in one call per layer (the fused c_attn product, the cache writes,
   the attention, c_proj), over all the rows of a ragged engine step at once; the MLP with its GELU
@@ -54,6 +59,8 @@ MATRICES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.
 FORMATS = {"float16": 0, "bfloat16": 1, "int8": 2}
 #: Outputs per panel of the packed weights (`_kernels.c`'s PANEL).
 PANEL = 32
+#: int8 products quantize their inputs in blocks of this many (`_kernels.c`'s QB).
+QB = 32
 #: Queries up to this many a sequence (decode, short prompts, prefill chunks) attend in the C kernel one at a
 #: time; a longer prompt attends in C in tiles of queries on the AVX-512 path, elsewhere in NumPy (BLAS).
 SMALL_M = 64
@@ -137,16 +144,16 @@ class Weight16:
             if all(_KERNELS.unpack(self.blocks, n, j, j + 1, k, out[i : i + 1], FORMATS[self.fmt], 1)
                    for i, j in enumerate(flat.tolist())):
                 return out.reshape(*ids.shape, k)
+        if self.fmt == "int8":
+            return (_int8_rows(self)[flat] * self.scales()[flat][:, None]).reshape(*ids.shape, k)
         # Row j's input i sits at blocks[j // PANEL, i, j % PANEL].
         got = np.ascontiguousarray(self.blocks[flat // PANEL, :k, flat % PANEL])
-        if self.fmt == "int8":
-            return (got * self.scales()[flat][:, None]).reshape(*ids.shape, k)
         return from_bits(got, self.fmt).reshape(*ids.shape, k)
 
     def scales(self) -> np.ndarray:
         """int8: the float32 scale of each output (padding included), from the end of each panel."""
-        k = self.rows[1]
-        return np.ascontiguousarray(self.blocks[:, k:, :]).view(np.float32).reshape(-1)
+        kp = kpad(self.rows[1])
+        return np.ascontiguousarray(self.blocks[:, kp:, :]).view(np.float32).reshape(-1)
 
     def __repr__(self) -> str:
         return f"Weight16({self.rows[0]}x{self.rows[1]} [out, in], {self.fmt}, panels of {PANEL})"
@@ -180,22 +187,58 @@ def quantize(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return q, scales.astype(np.float32)
 
 
+def kpad(k: int) -> int:
+    """k rounded up to whole blocks of `QB`: the inputs an int8 panel holds (`_kernels.c`'s kpad)."""
+    return -(-k // QB) * QB
+
+
 def _pack_int8(out_in: np.ndarray, count: int) -> Weight16:
-    """`pack` for int8: panels [out/32][in + 4][32] of int8, the last 4 rows of each panel its 32 float32
-    scales (128 bytes), quantized a few panels at a time."""
+    """`pack` for int8: per panel of 32 outputs, the inputs padded with zeros to `kpad(in)` in groups of
+    4 ([kpad/4][32][4]: VNNI's operand layout, 4 inputs of an output side by side), then the 32 float32
+    scales (128 bytes): an int8 array [out/32][kpad + 4][32] (its middle axis is bytes / 32, not inputs),
+    quantized a few panels at a time."""
     n, k = out_in.shape
-    blocks = np.zeros((count, k + 4, PANEL), dtype=np.int8)
+    kp = kpad(k)
+    blocks = np.zeros((count, kp + 4, PANEL), dtype=np.int8)
     step = max(PANEL, (UNPACK_BYTES // max(1, 4 * k)) // PANEL * PANEL)
     for j0 in range(0, n, step):
         j1 = min(n, j0 + step)
         q, sc = quantize(np.asarray(out_in[j0:j1], dtype=np.float32))
         rows = -(-(j1 - j0) // PANEL) * PANEL
-        part, scales = np.zeros((rows, k), np.int8), np.ones(rows, np.float32)
-        part[: j1 - j0], scales[: j1 - j0] = q, sc
+        part, scales = np.zeros((rows, kp), np.int8), np.ones(rows, np.float32)
+        part[: j1 - j0, :k], scales[: j1 - j0] = q, sc
         p0, panels = j0 // PANEL, rows // PANEL
-        blocks[p0 : p0 + panels, :k] = part.reshape(-1, PANEL, k).transpose(0, 2, 1)
-        blocks[p0 : p0 + panels, k:] = scales.reshape(panels, PANEL).view(np.int8).reshape(panels, 4, PANEL)
+        grouped = part.reshape(panels, PANEL, kp // 4, 4).transpose(0, 2, 1, 3)
+        blocks[p0 : p0 + panels, :kp] = grouped.reshape(panels, kp, PANEL)
+        blocks[p0 : p0 + panels, kp:] = scales.reshape(panels, PANEL).view(np.int8).reshape(panels, 4, PANEL)
     return Weight16(blocks, (n, k), "int8")
+
+
+def _int8_rows(w: Weight16) -> np.ndarray:
+    """The int8 values of `w` as [outputs padded to panels, in] (undoing `_pack_int8`'s groups)."""
+    k = w.rows[1]
+    kp, count = kpad(k), w.blocks.shape[0]
+    grouped = w.blocks[:, :kp].reshape(count, kp // 4, PANEL, 4).transpose(0, 2, 1, 3)
+    return grouped.reshape(count * PANEL, kp)[:, :k]
+
+
+def quantize_blocks(x: np.ndarray) -> np.ndarray:
+    """float32 [m, k] → the values the int8 kernels multiply: each row in blocks of `QB` inputs over
+    d = max |block| / 127, q = x / d rounded to nearest even, as float32 q * d (NaN for a block holding inf
+    or NaN). The NumPy fallback's int8 products run on these, as the kernel does."""
+    m, k = x.shape
+    kp = kpad(k)
+    blocks = np.zeros((m, kp), np.float32)
+    blocks[:, :k] = x
+    blocks = blocks.reshape(m, kp // QB, QB)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        amax = np.abs(blocks).max(axis=2, keepdims=True)
+        d = amax / np.float32(127)
+        inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, 1), np.float32(0)).astype(np.float32)
+        q = np.clip(np.rint(blocks * inv), -127, 127)
+        out = (q * d).astype(np.float32)
+    out[~np.isfinite(amax[..., 0])] = np.nan
+    return out.reshape(m, kp)[:, :k]
 
 
 class HalfBackend(NumpyBackend):
@@ -355,6 +398,8 @@ class HalfBackend(NumpyBackend):
             x = _f32(x)
             if _KERNELS.matmul(x, w.blocks, n, _bias(b), y, self._code, self.threads, gelu):
                 return y
+        if w.fmt == "int8":
+            x = quantize_blocks(_f32(x))  # the kernel's arithmetic: int8 inputs as well as weights
         y = np.empty((m, n), np.float32)
         parts = _split(n, self.threads if _KERNELS is not None else 1)
         if len(parts) == 1:
@@ -392,11 +437,11 @@ class HalfBackend(NumpyBackend):
             out = np.empty((j1 - j0, k), np.float32)
             if _KERNELS.unpack(w.blocks, n, j0, j1, k, out, self._code, 1):
                 return out
+        if w.fmt == "int8":
+            return _int8_rows(w)[j0:j1] * w.scales()[j0:j1, None]
         p0 = j0 // PANEL
         part = w.blocks[p0 : -(-j1 // PANEL), :k].transpose(0, 2, 1).reshape(-1, k)
         got = np.ascontiguousarray(part[j0 - p0 * PANEL : j1 - p0 * PANEL])
-        if w.fmt == "int8":
-            return got * w.scales()[j0:j1, None]
         return from_bits(got, w.fmt)
 
 

@@ -102,7 +102,7 @@ def test_linear_matches_float64_of_the_rounded_weights(fmt, m, n, k, monkeypatch
     be = HalfBackend(fmt, threads=2)
     w = be.prepare_weight("h.0.mlp.c_fc.weight", w_in_out)
     rounded = _rounded(w_in_out, fmt)
-    want = x.astype(np.float64) @ rounded + b
+    want = _inputs(x, fmt) @ rounded + b
     scale = np.abs(x).sum(axis=1, keepdims=True) * np.abs(rounded).max() + 1
     got = be.linear(x[None], w, b)[0]
     assert got.shape == (m, n) and got.dtype == np.float32
@@ -123,7 +123,7 @@ def test_kernel_product_of_many_rows_matches_float64(fmt, m, kernel_path):
     w = hb.pack(w_in_out.T, fmt)
     y = np.empty((m, n), np.float32)
     assert hb._KERNELS.matmul(x, w.blocks, n, b, y, hb.FORMATS[fmt], 2, True)
-    want = _gelu64(x.astype(np.float64) @ _rounded(w_in_out, fmt) + b)
+    want = _gelu64(_inputs(x, fmt) @ _rounded(w_in_out, fmt) + b)
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
 
 
@@ -137,7 +137,7 @@ def test_kernel_product_of_every_row_count_matches_float64(fmt, kernel_path):
     w_in_out = rng.standard_normal((k, n)).astype(np.float32)
     b = rng.standard_normal(n).astype(np.float32)
     w = hb.pack(w_in_out.T, fmt)
-    want_all = x_all.astype(np.float64) @ _rounded(w_in_out, fmt) + b
+    want_all = _inputs(x_all, fmt) @ _rounded(w_in_out, fmt) + b
     for m in range(1, len(x_all) + 1):
         y = np.full((m, n), np.nan, np.float32)
         assert hb._KERNELS.matmul(x_all[:m], w.blocks, n, b, y, hb.FORMATS[fmt], 2, False)
@@ -189,6 +189,58 @@ def _rounded(w_in_out: np.ndarray, fmt: str) -> np.ndarray:
     return q.astype(np.float64) * scale.astype(np.float64)
 
 
+@pytest.mark.parametrize("m", [1, 3, 20])
+def test_int8_product_of_a_non_finite_input_is_nan_not_garbage(m, kernel_path):
+    # int8 products quantize their inputs: a block holding inf or NaN must not round to some int8 and
+    # give finite garbage; its rows come out NaN (as float products would), the other rows unchanged.
+    rng = np.random.default_rng(m)
+    k, n = 70, 40
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    w_in_out = rng.standard_normal((k, n)).astype(np.float32)
+    w = hb.pack(w_in_out.T, "int8")
+    want = _inputs(x, "int8") @ _rounded(w_in_out, "int8")
+    x[0, 40] = np.inf
+    x[-1, 69] = np.nan  # in the last, partial block
+    y = np.zeros((m, n), np.float32)
+    assert hb._KERNELS.matmul(x, w.blocks, n, None, y, hb.FORMATS["int8"], 2, False)
+    assert np.all(np.isnan(y[0])) and np.all(np.isnan(y[-1]))
+    np.testing.assert_allclose(y[1:-1], want[1:-1], rtol=1e-5, atol=1e-5)
+
+
+def _inputs(x: np.ndarray, fmt: str) -> np.ndarray:
+    """What a product multiplies for the inputs x [..., k], in float64: x itself; for int8, x quantized as
+    llama.cpp's q8_0 does, in blocks of 32 along k over d = max |block| / 127, x / d rounded to nearest
+    even (in float32, as the kernel computes it), times d."""
+    x = np.asarray(x, np.float32)
+    if fmt != "int8":
+        return x.astype(np.float64)
+    lead, k = x.shape[:-1], x.shape[-1]
+    kp = -(-k // 32) * 32
+    padded = np.zeros((*lead, kp), np.float32)
+    padded[..., :k] = x
+    blocks = padded.reshape(*lead, kp // 32, 32)
+    d = np.abs(blocks).max(axis=-1, keepdims=True) / np.float32(127)
+    inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, np.float32(1)), np.float32(0))
+    q = np.clip(np.rint(blocks * inv.astype(np.float32)), -127, 127)
+    assert np.all(np.abs(q * d.astype(np.float64) - blocks) <= d * 0.5001)
+    return (q * d.astype(np.float64)).reshape(*lead, kp)[..., :k]
+
+
+def _assert_chained_products_match(got: np.ndarray, want: np.ndarray, fmt: str) -> None:
+    """got [..., c] (a chain of products: the MLP, an attention block) matches the float64 `want` within
+    1e-4. For int8, the second product's inputs are quantized from what the kernel computed in float32
+    and the reference in float64: where one lies on a rounding boundary of its block the two may round to
+    neighbouring int8 values, which moves that token's outputs by one step of the grid (d times a weight).
+    So a few tokens (at most 2%, at least 1) may differ by up to 1% of the outputs' range; the rest match."""
+    if fmt != "int8":
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+        return
+    got2, want2 = got.reshape(-1, got.shape[-1]), want.reshape(-1, want.shape[-1])
+    off = ~np.all(np.abs(got2 - want2) <= 1e-4 + 1e-4 * np.abs(want2), axis=1)
+    assert off.sum() <= max(1, len(off) // 50), f"{off.sum()} of {len(off)} tokens differ beyond 1e-4"
+    assert np.abs(got2 - want2).max() <= 1e-2 * np.abs(want2).max()
+
+
 def _gelu64(x: np.ndarray) -> np.ndarray:
     # GPT-2's tanh GELU in float64, as x * sigmoid(2u): (1 + tanh u) / 2 cancels to 0 for u below -19,
     # where the sigmoid form still holds the tiny true value the kernel computes.
@@ -210,10 +262,10 @@ def test_mlp_matches_float64_of_the_rounded_weights(fmt, b, t, c, kernel_path):
     be = HalfBackend(fmt, threads=2)
     got = be.mlp(x, be.prepare_weight("h.0.mlp.c_fc.weight", w_fc), b_fc,
                  be.prepare_weight("h.0.mlp.c_proj.weight", w_proj), b_proj)
-    hidden = _gelu64(x.astype(np.float64) @ _rounded(w_fc, fmt) + b_fc)
-    want = hidden @ _rounded(w_proj, fmt) + b_proj
+    hidden = _gelu64(_inputs(x, fmt) @ _rounded(w_fc, fmt) + b_fc)
+    want = _inputs(hidden, fmt) @ _rounded(w_proj, fmt) + b_proj
     assert got.shape == (b, t, c) and got.dtype == np.float32
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    _assert_chained_products_match(got, want, fmt)
 
 
 def test_gelu_of_the_kernel_holds_at_the_extremes(kernel_path):
@@ -248,12 +300,16 @@ def test_self_attention_matches_float64_and_writes_the_cache(fmt, b, t, offset, 
     got, (k_got, v_got) = be.self_attention(x, be.prepare_weight("h.0.attn.c_attn.weight", w_attn), b_attn,
                                             be.prepare_weight("h.0.attn.c_proj.weight", w_proj), b_proj,
                                             kv, offset, n_head)
-    ref = NumpyBackend("float64")
+    class Reference(NumpyBackend):  # float64, each product on the inputs the kernel multiplies
+        def linear(self, x, w, b):
+            return super().linear(_inputs(x, fmt), w, b)
+
+    ref = Reference("float64")
     kv64 = tuple(a.astype(np.float64) for a in caches)
     want, (k_want, v_want) = ref.self_attention(x.astype(np.float64), _rounded(w_attn, fmt), b_attn,
                                                 _rounded(w_proj, fmt), b_proj, kv64, offset, n_head)
     assert got.shape == (b, t, c) and got.dtype == np.float32
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    _assert_chained_products_match(got, want, fmt)
     np.testing.assert_allclose(k_got, k_want, rtol=1e-5, atol=1e-5)  # new keys in place, the rest kept
     np.testing.assert_allclose(v_got, v_want, rtol=1e-5, atol=1e-5)
 
@@ -635,7 +691,7 @@ def _ragged_case(c, n_head, rows, length, fmt="float16", seed=0):
 @pytest.mark.parametrize("c, n_head", [(64, 4), (15, 3)])
 @pytest.mark.parametrize("rows", [[(0, 5, 2), (2, 11, 3), (1, 0, 1)], [(1, 3, 1)],
                                   [(3, 0, 9), (0, 20, 1), (2, 30, 1)]])
-def test_ragged_self_attention_matches_float64_in_one_call(fmt, c, n_head, rows, kernel_path):
+def test_ragged_self_attention_matches_float64_in_one_call(fmt, c, n_head, rows, kernel_path, monkeypatch):
     # One C call for the step (d = 16: the x86 attention; d = 5: portable), against each row's batch-1
     # attention in float64 on the rounded weights; the caches hold the new keys and values, the rest kept.
     from inferno.backends.numpy_backend import NumpyBackend
@@ -652,11 +708,13 @@ def test_ragged_self_attention_matches_float64_in_one_call(fmt, c, n_head, rows,
         NumpyBackend.attention = original
     assert not calls, "the ragged step ran NumPy's attention"
     w_attn, b_attn, w_proj, b_proj = host
+    linear = ref.linear
+    monkeypatch.setattr(ref, "linear", lambda x, w, b: linear(_inputs(x, fmt), w, b))
     want, k_want, v_want = ref.ragged_self_attention(
         x, _rounded(w_attn, fmt), b_attn, _rounded(w_proj, fmt), b_proj, n_head,
         [(r.slot, r.offset, r.start, r.length) for r in packed], [k for k, _ in before],
         [v for _, v in before])
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    _assert_chained_products_match(got, want, fmt)
     for slot, (k, v) in enumerate(slots):
         np.testing.assert_allclose(k, k_want[slot], rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(v, v_want[slot], rtol=1e-5, atol=1e-5)
