@@ -157,6 +157,10 @@ def test_piece_cache_is_bounded(tok: Tokenizer, monkeypatch: pytest.MonkeyPatch)
     for _ in range(2):
         assert small.encode(text) == expected
         assert len(small._cache) <= base + 10
+    # Bounded at every moment, not only after a whole text: piece by piece, it never holds an 11th.
+    for word in text.split()[:3000]:
+        small.encode(word)
+        assert len(small._cache) <= base + 10
 
 
 def test_long_pieces_are_not_cached(tok: Tokenizer) -> None:

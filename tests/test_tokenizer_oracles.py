@@ -257,6 +257,23 @@ def _code_points(astral_step: int) -> list[str]:
     return [chr(c) for c in points]
 
 
+@pytest.mark.parametrize("step", [None, 97])
+def test_pre_tokenizer_splits_as_tokenizers_does(tok: Tokenizer, hf: Any, step: int | None) -> None:
+    """`_split` (the pieces BPE works on) against HF tokenizers' pre-tokenizer, quick enough for every
+    run: plain text, then every 97th line of the slow test below (letters newer than Unicode 16
+    among them, which take the pinned pattern)."""
+    if step is None:
+        chunk = "Hello world's 123 don't  stop\n\n  tabs\there 3.14 ...!!"
+    else:
+        chunk = "\n".join(f"a{c}'s {c}1 {c}.{c}" for c in _code_points(astral_step=3)[::step])
+    from inferno.tokenizer import _has_newer_chars
+
+    assert bool(_has_newer_chars(chunk)) == (step is not None)  # both patterns
+    ends = list(accumulate(map(len, tok._split(chunk))))
+    assert ends == [end for _, (_, end) in hf.pre_tokenizer.pre_tokenize_str(chunk)]
+    assert "".join(tok._split(chunk)) == chunk
+
+
 @pytest.mark.slow
 def test_pre_tokenizer_on_every_code_point(tok: Tokenizer, hf: Any) -> None:
     """How each code point splits: after a letter, before an apostrophe (a contraction only after

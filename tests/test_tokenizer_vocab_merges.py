@@ -67,7 +67,9 @@ def test_same_as_tokenizer_json(files, texts):
 
 
 @pytest.mark.parametrize("merges, needle", [
-    ("#version: 0.2\nĠ t\nh e f\n", "line 3 is not two tokens"),
+    ("#version: 0.2\nĠ t\nh e f\n", "line 3 is not two tokens separated by a space: 'h e f'"),
+    # Only the first line may be the header: a later "#version" line is a merge like any other.
+    ("Ġ t\n#version: 0.2\n", "('#version: 0.2') uses '#version:', which is not in model.vocab"),
     ("Ġ t\nĠ zz\n", "'Ġzz', which is not in model.vocab"),
     (b"\xff\xfe", "not UTF-8"),
 ])
@@ -79,8 +81,52 @@ def test_bad_merges_name_the_file_and_line(tmp_path, files, merges, needle):
     assert needle in str(info.value) and "merges.txt" in str(info.value), str(info.value)
 
 
-def test_a_bad_vocab_names_the_file(tmp_path, files):
+@pytest.mark.parametrize("content, found", [("[1, 2]", "found list"), ("{}", "found an empty one")])
+def test_a_bad_vocab_names_the_file_and_what_it_holds(tmp_path, files, content, found):
     path = tmp_path / "vocab.json"
-    path.write_text("[1, 2]")
-    with pytest.raises(TokenizerError, match="vocab.json: expected a JSON object"):
+    path.write_text(content)
+    with pytest.raises(TokenizerError) as info:
         Tokenizer.from_vocab_merges(path, files[1])
+    assert str(info.value) == f"{path}: expected a JSON object of token to id, {found}"
+
+
+@pytest.mark.parametrize("which, what", [(0, "a vocab.json"), (1, "a merges.txt")])
+def test_a_file_over_the_size_limit_is_refused_naming_the_file_and_what_it_is(tmp_path, files, which,
+                                                                             what, monkeypatch):
+    import inferno.tokenizer as tok
+
+    paths = list(files)
+    if which == 1:  # a merges.txt larger than the vocab.json (blank lines are allowed)
+        paths[1] = tmp_path / "merges.txt"
+        paths[1].write_bytes(files[1].read_bytes() + b"\n" * files[0].stat().st_size)
+    limit = 100 if which == 0 else files[0].stat().st_size
+    monkeypatch.setattr(tok, "MAX_TOKENIZER_BYTES", limit)
+    with pytest.raises(TokenizerError) as info:
+        Tokenizer.from_vocab_merges(*paths)
+    message, size = str(info.value), paths[which].stat().st_size
+    assert message == f"{paths[which]}: is {size} bytes, more than the {limit}-byte limit for {what}"
+
+
+def test_crlf_lines_a_bom_and_no_header_read_as_the_plain_file(tmp_path, files, texts):
+    # merges.txt saved on Windows (CRLF, a UTF-8 BOM) and without the "#version" line: the same merges.
+    lines = files[1].read_text(encoding="utf-8").split("\n")
+    assert lines[0].startswith("#version")
+    crlf, headless = tmp_path / "crlf.txt", tmp_path / "headless.txt"
+    crlf.write_bytes(b"\xef\xbb\xbf" + "\r\n".join(lines).encode())
+    headless.write_text("\n".join(lines[1:]), encoding="utf-8")
+    plain = Tokenizer.from_vocab_merges(*files)
+    for path in (crlf, headless):
+        other = Tokenizer.from_vocab_merges(files[0], path)
+        for text in texts[:300]:
+            assert other.encode(text) == plain.encode(text), (path.name, text[:80])
+
+
+def test_a_vocab_without_endoftext_has_no_special_token(tmp_path, files):
+    vocab = json.loads(files[0].read_text(encoding="utf-8"))
+    del vocab["<|endoftext|>"]
+    path = tmp_path / "vocab.json"
+    path.write_text(json.dumps(vocab), encoding="utf-8")
+    tok = Tokenizer.from_vocab_merges(path, files[1])
+    assert tok.special_tokens == {} and tok.vocab_size == 50256
+    assert tok.encode("<|endoftext|>", allow_special=True) == Tokenizer.from_vocab_merges(*files).encode(
+        "<|endoftext|>")
