@@ -3,6 +3,7 @@
     python scripts/mutate.py options                   # inferno/options.py
     python scripts/mutate.py jobs --rerun-timeouts     # inferno/jobs/*.py, then each timeout alone
     python scripts/mutate.py --list                    # the modules and their test selections
+    python scripts/mutate.py tokenizer --max-children 1  # one mutant at a time (a shared machine)
 
 It copies the package, the tests and the configuration into .mutate/MODULE/ (git-ignored), with
 setup.cfg's [mutmut] narrowed to that module (`only_mutate`) and its test selection (`TESTS` below),
@@ -100,10 +101,14 @@ def configure(work: Path, files: list[str], tests: list[str], deselect: list[str
     (work / "setup.cfg").write_text(text.getvalue())
 
 
+MAX_CHILDREN: int | None = None  # --max-children, passed to `mutmut run` (its default: the CPU count)
+
+
 def mutmut(work: Path, *names: str) -> int:
     """`mutmut run [NAMES]` in `work`, its output shown as it comes and kept in mutmut.log."""
+    limit = [] if MAX_CHILDREN is None else ["--max-children", str(MAX_CHILDREN)]
     with (work / "mutmut.log").open("a") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "mutmut", "run", *names], cwd=work,
+        proc = subprocess.Popen([sys.executable, "-m", "mutmut", "run", *limit, *names], cwd=work,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         assert proc.stdout is not None
         held = ""  # mutmut redraws a spinner line in place: keep each stage's last state only
@@ -163,7 +168,11 @@ def main() -> int:
                    help="then re-run each mutant that timed out, alone, and report again")
     p.add_argument("--again", nargs="+", metavar="MUTANT",
                    help="in the module's last folder, with the tests as they are now, re-run only these")
+    p.add_argument("--max-children", type=int, metavar="N",
+                   help="mutants tested at once (mutmut's default: one per CPU); 1 on a shared machine")
     args = p.parse_args()
+    global MAX_CHILDREN
+    MAX_CHILDREN = args.max_children
     if args.list or not args.module:
         for name, (files, tests, deselect) in TESTS.items():
             print(f"{name}: {' '.join(files)}\n    tests: {' '.join(tests)}"
