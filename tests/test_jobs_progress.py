@@ -4,6 +4,7 @@ terminal) and the summary line `inferno batch` and `inferno score -o` end with."
 
 from __future__ import annotations
 
+import contextlib
 import io
 import signal
 import sys
@@ -27,57 +28,71 @@ def default_sigint():
     signal.signal(signal.SIGINT, before)
 
 
+@contextlib.contextmanager
+def _no_stray_ctrl_c():
+    """A KeyboardInterrupt the test did not expect fails the test (instead of ending pytest's session)."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        pytest.fail("a Ctrl-C got through")
+
+
 # ------------------------------------------------------------------------------------- DeferInterrupts
 
 
 def test_ctrl_c_outside_a_critical_block_interrupts_at_once_and_the_handler_is_put_back(default_sigint):
-    with DeferInterrupts() as interrupts:
-        assert signal.getsignal(signal.SIGINT) == interrupts._handler
-        with pytest.raises(KeyboardInterrupt):
-            _ctrl_c()
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    assert interrupts.previous is None
+    with _no_stray_ctrl_c():
+        with DeferInterrupts() as interrupts:
+            assert signal.getsignal(signal.SIGINT) == interrupts._handler
+            with pytest.raises(KeyboardInterrupt):
+                _ctrl_c()
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        assert interrupts.previous is None
 
 
 def test_ctrl_c_inside_a_critical_block_waits_for_its_end(default_sigint):
-    written = []
-    with DeferInterrupts() as interrupts:
-        with pytest.raises(KeyboardInterrupt):
-            with interrupts.critical():
+    with _no_stray_ctrl_c():
+        written = []
+        with DeferInterrupts() as interrupts:
+            with pytest.raises(KeyboardInterrupt):
+                with interrupts.critical():
+                    _ctrl_c()
+                    written.append("line")  # the write goes on: the line is written and counted
+            assert written == ["line"]
+            assert (interrupts.pending, interrupts.deferring) == (False, False)
+            with interrupts.critical():  # the Ctrl-C was delivered once, not again at the next block
+                written.append("next")
+            with pytest.raises(KeyboardInterrupt):  # and a Ctrl-C after the block interrupts at once
                 _ctrl_c()
-                written.append("line")  # the write goes on: the line is written and counted
-        assert written == ["line"]
-        assert (interrupts.pending, interrupts.deferring) == (False, False)
-        with interrupts.critical():  # the Ctrl-C was delivered once, not again at the next block
-            written.append("next")
-        with pytest.raises(KeyboardInterrupt):  # and a Ctrl-C after the block interrupts at once
-            _ctrl_c()
-    assert written == ["line", "next"]
+        assert written == ["line", "next"]
 
 
 def test_a_critical_block_without_ctrl_c_ends_quietly(default_sigint):
-    with DeferInterrupts() as interrupts:
-        with interrupts.critical():
-            assert interrupts.deferring is True
-        assert (interrupts.pending, interrupts.deferring) == (False, False)
+    with _no_stray_ctrl_c():
+        with DeferInterrupts() as interrupts:
+            with interrupts.critical():
+                assert interrupts.deferring is True
+            assert (interrupts.pending, interrupts.deferring) == (False, False)
 
 
 def test_a_critical_block_ending_in_an_error_raises_that_error_not_the_ctrl_c(default_sigint):
-    with DeferInterrupts() as interrupts:
-        with pytest.raises(OSError, match="disk full"):
-            with interrupts.critical():
-                _ctrl_c()
-                raise OSError("disk full")
-        assert interrupts.deferring is False
+    with _no_stray_ctrl_c():
+        with DeferInterrupts() as interrupts:
+            with pytest.raises(OSError, match="disk full"):
+                with interrupts.critical():
+                    _ctrl_c()
+                    raise OSError("disk full")
+            assert interrupts.deferring is False
 
 
 def test_after_hold_every_ctrl_c_is_dropped(default_sigint):
-    with DeferInterrupts() as interrupts:
-        interrupts.hold()
-        _ctrl_c()  # the clean-up is not cut short
-        _ctrl_c()
-        assert interrupts.pending is True
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # and none is raised at the end
+    with _no_stray_ctrl_c():
+        with DeferInterrupts() as interrupts:
+            interrupts.hold()
+            _ctrl_c()  # the clean-up is not cut short
+            _ctrl_c()
+            assert interrupts.pending is True
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # and none is raised at the end
 
 
 def test_an_ignored_sigint_stays_ignored():
