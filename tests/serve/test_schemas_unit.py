@@ -227,6 +227,21 @@ def test_stop_rejects_empty_strings_and_non_strings(bad):
     assert all(err["loc"][0] == "stop" for err in e.value.errors())
 
 
+STOP_RULE = f"must be a non-empty string or a list of at most {MAX_STOP_STRINGS} non-empty strings"
+
+
+@pytest.mark.parametrize(("bad", "detail"), [
+    ("", ""), (1, ""), (True, ""),
+    ([""], "; stop[0] is empty"), (["a", ""], "; stop[1] is empty"), ([1], "; stop[0] is not a string"),
+    (["a", 2, ""], "; stop[1] is not a string"),  # the first bad entry
+    (["a"] * (MAX_STOP_STRINGS - 1) + [""], f"; stop[{MAX_STOP_STRINGS - 1}] is empty"),  # not too many
+    (["a"] * (MAX_STOP_STRINGS + 1), f"; got {MAX_STOP_STRINGS + 1} strings"),
+])
+def test_a_bad_stop_gets_one_stop_rule_error_that_names_the_culprit(bad, detail):
+    err = one_error(CompletionRequest, stop=bad)
+    assert (err["type"], err["loc"], err["msg"]) == ("stop_rule", ("stop",), STOP_RULE + detail)
+
+
 def test_stop_token_ids():
     assert CompletionRequest(stop_token_ids=[0, 50256]).stop_token_ids == [0, 50256]
     assert CompletionRequest(stop_token_ids=[]).stop_token_ids == []
