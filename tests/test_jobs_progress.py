@@ -162,6 +162,7 @@ def test_on_a_terminal_without_tqdm_one_line_is_rewritten_and_flushed_per_reques
     assert (progress.done, progress.tokens) == (2, 12)
     progress.close()
     assert tty.flushed[-1] == tty.getvalue() and tty.getvalue().endswith("tok/s]\r\x1b[K")
+    assert progress.done == 0  # the line is cleared: nothing more to clear
     progress.close()  # a second close clears nothing more
     assert tty.getvalue().count("\r\x1b[K") == 3 and len(tty.flushed) == 3
 
@@ -172,6 +173,13 @@ def test_the_line_names_the_items_and_tokens_and_shows_no_rate_in_no_time(monkey
     progress = Progress(2, tty, desc="inferno score", unit="text", items="texts", tokens="tokens")
     progress.update(4)
     assert tty.getvalue() == "\r\x1b[K[1/2 texts, 4 tokens, 0.0 tok/s]"
+
+
+def test_the_rate_of_a_request_done_in_under_a_second(monkeypatch):
+    monkeypatch.setattr(time, "perf_counter", _Clock(3.0, 3.5))
+    tty = _Terminal()
+    Progress(2, tty).update(4)
+    assert tty.getvalue() == "\r\x1b[K[1/2 requests, 4 new tokens, 8.0 tok/s]"
 
 
 def test_closing_a_terminal_line_that_showed_nothing_writes_nothing():
@@ -254,6 +262,11 @@ def test_the_summary_line_of_a_finished_job():
 def test_the_summary_line_in_no_time_shows_no_rate():
     assert JobReport(written=1, tokens=3).summary("texts", "tokens", "OUT") == (
         "[1 texts, 3 tokens in 0.00 s, 0.0 tok/s; 0 skipped (already in OUT), 0 malformed]")
+
+
+def test_the_summary_line_of_a_job_done_in_under_a_second():
+    assert JobReport(written=1, tokens=3, seconds=0.5).summary("texts", "tokens", "OUT") == (
+        "[1 texts, 3 tokens in 0.50 s, 6.0 tok/s; 0 skipped (already in OUT), 0 malformed]")
 
 
 def test_the_summary_line_names_failed_rows_and_repeated_rows():

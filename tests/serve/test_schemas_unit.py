@@ -4,6 +4,7 @@ NaN and infinity, defaults, the custom errors and the field they name, and the r
 from __future__ import annotations
 
 import math
+import sys
 
 import pytest
 from pydantic import ValidationError
@@ -201,6 +202,18 @@ def test_float_fields_refuse_an_integer_no_float_holds_and_say_so(name, huge):
     err = one_error(CompletionRequest, **{name: huge})
     assert (err["type"], err["loc"]) == ("finite_number", (name,))
     assert err["msg"] == "Input should be a finite number (this one overflows a 64-bit float)"
+
+
+@pytest.mark.parametrize("name", FLOAT_FIELDS)
+@pytest.mark.parametrize("largest", [int(sys.float_info.max), -int(sys.float_info.max)])
+def test_float_fields_take_the_largest_integer_a_float_holds(name, largest):
+    # The largest finite float written out in digits fits a float: taken, or out of the field's bounds,
+    # but not "overflows a 64-bit float".
+    try:
+        CompletionRequest(**{name: largest})
+    except ValidationError as e:
+        assert [err["loc"] for err in e.errors()] == [(name,)]
+        assert e.errors()[0]["type"] in ("less_than_equal", "greater_than_equal", "less_than", "greater_than")
 
 
 @pytest.mark.parametrize("name", FLOAT_FIELDS)
