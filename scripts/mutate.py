@@ -3,6 +3,7 @@
     python scripts/mutate.py options                   # inferno/options.py
     python scripts/mutate.py jobs --rerun-timeouts     # inferno/jobs/*.py, then each timeout alone
     python scripts/mutate.py --list                    # the modules and their test selections
+    python scripts/mutate.py tokenizer --max-children 1  # one mutant at a time (a shared machine)
 
 It copies the package, the tests and the configuration into .mutate/MODULE/ (git-ignored), with
 setup.cfg's [mutmut] narrowed to that module (`only_mutate`) and its test selection (`TESTS` below),
@@ -52,7 +53,8 @@ TESTS: dict[str, tuple[list[str], list[str], list[str]]] = {
                 ["tests/serve/test_schemas_unit.py", "tests/serve/test_serve_schema.py",
                  "tests/serve/test_serve_inprocess.py"], []),
     "jobs": (["inferno/jobs/*.py"],
-             ["tests/test_jobs_lines.py", "tests/test_jobs_plan.py", "tests/test_batch_cli.py",
+             ["tests/test_jobs_lines.py", "tests/test_jobs_plan.py", "tests/test_jobs_progress.py",
+              "tests/test_batch_cli.py",
               "tests/test_score_jsonl.py", "tests/test_hostile_files.py"], []),
     "checked": (["inferno/backends/checked.py"],
                 ["tests/test_checked_diagnose.py", "tests/test_checked_guard.py",
@@ -68,7 +70,8 @@ TESTS: dict[str, tuple[list[str], list[str], list[str]]] = {
 COPIED = ["inferno", "tests", "pyproject.toml"]  # the shipped gpt2 files are inside inferno/ (data/gpt2)
 
 
-def workdir(name: str, files: list[str], tests: list[str], deselect: list[str]) -> Path:
+def workdir(name: str, files: list[str], tests: list[str], deselect: list[str],
+            timeout_constant: float | None = None) -> Path:
     """A fresh copy of what the tests need, with setup.cfg's [mutmut] narrowed to `name`."""
     work = ROOT / ".mutate" / name
     shutil.rmtree(work, ignore_errors=True)
@@ -81,14 +84,18 @@ def workdir(name: str, files: list[str], tests: list[str], deselect: list[str]) 
             shutil.copytree(src, dst, ignore=junk)
         else:
             shutil.copy2(src, dst)
-    configure(work, files, tests, deselect)
+    configure(work, files, tests, deselect, timeout_constant)
     return work
 
 
-def configure(work: Path, files: list[str], tests: list[str], deselect: list[str]) -> None:
-    """`work`'s setup.cfg: the repository's, with [mutmut] narrowed to `files` and `tests`."""
+def configure(work: Path, files: list[str], tests: list[str], deselect: list[str],
+              timeout_constant: float | None = None) -> None:
+    """`work`'s setup.cfg: the repository's, with [mutmut] narrowed to `files` and `tests` (and
+    mutmut's `timeout_constant` set, when given)."""
     cfg = configparser.ConfigParser()
     cfg.read(ROOT / "setup.cfg")
+    if timeout_constant is not None:
+        cfg["mutmut"]["timeout_constant"] = str(timeout_constant)
     cfg["mutmut"]["only_mutate"] = "\n" + "\n".join(files)
     cfg["mutmut"]["pytest_add_cli_args_test_selection"] = "\n" + "\n".join(tests)
     extra = cfg["mutmut"].get("pytest_add_cli_args", "").split()
@@ -100,10 +107,14 @@ def configure(work: Path, files: list[str], tests: list[str], deselect: list[str
     (work / "setup.cfg").write_text(text.getvalue())
 
 
+MAX_CHILDREN: int | None = None  # --max-children, passed to `mutmut run` (its default: the CPU count)
+
+
 def mutmut(work: Path, *names: str) -> int:
     """`mutmut run [NAMES]` in `work`, its output shown as it comes and kept in mutmut.log."""
+    limit = [] if MAX_CHILDREN is None else ["--max-children", str(MAX_CHILDREN)]
     with (work / "mutmut.log").open("a") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "mutmut", "run", *names], cwd=work,
+        proc = subprocess.Popen([sys.executable, "-m", "mutmut", "run", *limit, *names], cwd=work,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         assert proc.stdout is not None
         held = ""  # mutmut redraws a spinner line in place: keep each stage's last state only
@@ -163,7 +174,15 @@ def main() -> int:
                    help="then re-run each mutant that timed out, alone, and report again")
     p.add_argument("--again", nargs="+", metavar="MUTANT",
                    help="in the module's last folder, with the tests as they are now, re-run only these")
+    p.add_argument("--max-children", type=int, metavar="N",
+                   help="mutants tested at once (mutmut's default: one per CPU); 1 on a shared machine")
+    p.add_argument("--timeout-constant", type=float, metavar="S",
+                   help="mutmut's timeout_constant (default 1): a mutant's wall-clock limit is (its tests' "
+                        "time in the stats run + S) x timeout_multiplier, so tests of milliseconds get 5 s, "
+                        "too little for a niced process on a loaded machine")
     args = p.parse_args()
+    global MAX_CHILDREN
+    MAX_CHILDREN = args.max_children
     if args.list or not args.module:
         for name, (files, tests, deselect) in TESTS.items():
             print(f"{name}: {' '.join(files)}\n    tests: {' '.join(tests)}"
@@ -180,13 +199,14 @@ def main() -> int:
             p.error(f"no earlier run in {work.relative_to(ROOT)}: run scripts/mutate.py {args.module} first")
         shutil.rmtree(work / "tests")
         shutil.copytree(ROOT / "tests", work / "tests", ignore=shutil.ignore_patterns("__pycache__"))
-        configure(work, files, tests, deselect)  # a test file added to the selection since is run too
+        # a test file added to the selection since is run too
+        configure(work, files, tests, deselect, args.timeout_constant)
         start = time.monotonic()
         rc = mutmut(work, *args.again)
         print(f"\nmutmut run {' '.join(args.again)}: exit {rc}, {time.monotonic() - start:.0f} s")
         mutation_report.main(["--mutants", str(work / "mutants"), "--survivors"])
         return rc
-    work = workdir(name, files, tests, deselect)
+    work = workdir(name, files, tests, deselect, args.timeout_constant)
     print(f"{time.strftime('%Y-%m-%d %H:%M')} {name}: {' '.join(files)} at {revision()}; "
           f"tests: {' '.join(tests)}")
     start = time.monotonic()

@@ -4,6 +4,7 @@ NaN and infinity, defaults, the custom errors and the field they name, and the r
 from __future__ import annotations
 
 import math
+import sys
 
 import pytest
 from pydantic import ValidationError
@@ -204,6 +205,18 @@ def test_float_fields_refuse_an_integer_no_float_holds_and_say_so(name, huge):
 
 
 @pytest.mark.parametrize("name", FLOAT_FIELDS)
+@pytest.mark.parametrize("largest", [int(sys.float_info.max), -int(sys.float_info.max)])
+def test_float_fields_take_the_largest_integer_a_float_holds(name, largest):
+    # The largest finite float written out in digits fits a float: taken, or out of the field's bounds,
+    # but not "overflows a 64-bit float".
+    try:
+        CompletionRequest(**{name: largest})
+    except ValidationError as e:
+        assert [err["loc"] for err in e.errors()] == [(name,)]
+        assert e.errors()[0]["type"] in ("less_than_equal", "greater_than_equal", "less_than", "greater_than")
+
+
+@pytest.mark.parametrize("name", FLOAT_FIELDS)
 @pytest.mark.parametrize("bad", ["1", True, [1.0], {}])
 def test_float_fields_reject_non_numbers(name, bad):
     err = one_error(CompletionRequest, **{name: bad})
@@ -225,6 +238,21 @@ def test_stop_rejects_empty_strings_and_non_strings(bad):
     with pytest.raises(ValidationError) as e:
         CompletionRequest(stop=bad)
     assert all(err["loc"][0] == "stop" for err in e.value.errors())
+
+
+STOP_RULE = f"must be a non-empty string or a list of at most {MAX_STOP_STRINGS} non-empty strings"
+
+
+@pytest.mark.parametrize(("bad", "detail"), [
+    ("", ""), (1, ""), (True, ""),
+    ([""], "; stop[0] is empty"), (["a", ""], "; stop[1] is empty"), ([1], "; stop[0] is not a string"),
+    (["a", 2, ""], "; stop[1] is not a string"),  # the first bad entry
+    (["a"] * (MAX_STOP_STRINGS - 1) + [""], f"; stop[{MAX_STOP_STRINGS - 1}] is empty"),  # not too many
+    (["a"] * (MAX_STOP_STRINGS + 1), f"; got {MAX_STOP_STRINGS + 1} strings"),
+])
+def test_a_bad_stop_gets_one_stop_rule_error_that_names_the_culprit(bad, detail):
+    err = one_error(CompletionRequest, stop=bad)
+    assert (err["type"], err["loc"], err["msg"]) == ("stop_rule", ("stop",), STOP_RULE + detail)
 
 
 def test_stop_token_ids():
