@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -344,14 +345,18 @@ class _FailingOnSomeTexts:
         return _Scored([1, 2, 3])
 
 
-def test_each_failed_text_is_counted_and_the_texts_after_it_are_still_scored(tmp_path):
+def test_each_failed_text_is_counted_and_the_texts_after_it_are_still_scored(tmp_path, monkeypatch):
+    progress = _Progress(3, io.StringIO())
+    ticks = iter(range(200, 300))
+    monkeypatch.setattr(time, "perf_counter", lambda: next(ticks) / 2)  # 100.0, 100.5, ... seconds
     pipe = _FailingOnSomeTexts({"a", "b"})
     todo = [ScoreRequest(rid, text, None, line) for line, (rid, text) in enumerate(
         [("x", "a"), ("y", "b"), ("z", "c")], start=1)]
     out = tmp_path / "out.jsonl"
     plan = JobPlan(pipe, todo, out, False, skipped=0, malformed=0, source="in.jsonl")
     said = []
-    report = run_scoring(plan, _Progress(3, io.StringIO()), said.append)
+    report = run_scoring(plan, progress, said.append)
+    assert report.seconds == 1.0  # from the start (100.0) past the progress line's update (100.5) to 101.0
     assert pipe.scored == ["a", "b", "c"]
     assert (report.failed, report.written, report.tokens, report.interrupted) == (2, 1, 3, False)
     assert said == ['in.jsonl:1: id "x" failed: RuntimeError: cannot score a',
