@@ -364,6 +364,18 @@ def test_each_failed_text_is_counted_and_the_texts_after_it_are_still_scored(tmp
     assert [json.loads(line) for line in out.read_text().splitlines()] == [{"id": "z", "ids": [1, 2, 3]}]
 
 
+def test_a_malformed_row_still_claims_its_id_and_an_unknown_key_gets_a_hint_only_when_one_is_close():
+    data = (b'{"id": "a", "txt": "x"}\n{"id": "a", "text": "y"}\n{"id": "b"}\n{"id": "b", "text": "z"}\n'
+            b'{"zzz": 1}\n')
+    requests, errors = parse_score_requests(data, None)
+    assert requests == []
+    assert errors == [(1, "unknown key 'txt' (did you mean 'text'? known: id, text, stride)"),
+                      (2, 'duplicate id "a" (first on line 1)'),
+                      (3, 'no "text" (the text to score, or a list of token ids)'),
+                      (4, 'duplicate id "b" (first on line 3)'),
+                      (5, "unknown key 'zzz' (known: id, text, stride)")]
+
+
 def test_line_numbers_and_duplicate_ids():
     data = b'\xef\xbb\xbf{"text": "a"}\r\n\r\n{"text": "b", "id": "x", "stride": 9}\n{"text": "c", "id": 1}\n'
     requests, errors = parse_score_requests(data, 5)
