@@ -374,6 +374,16 @@ def test_a_malformed_row_still_claims_its_id_and_an_unknown_key_gets_a_hint_only
                       (3, 'no "text" (the text to score, or a list of token ids)'),
                       (4, 'duplicate id "b" (first on line 3)'),
                       (5, "unknown key 'zzz' (known: id, text, stride)")]
+    data = (b'{"id": "c", "text": [1, "2"]}\n{"id": "c", "text": "q"}\n'
+            b'{"id": "d", "text": "q", "stride": "2"}\n{"id": "d", "text": "q"}\n'
+            b'{"id": "e", "text": "q", "stride": 1}\n{"id": "f", "text": "q", "stride": 0}\n')
+    requests, errors = parse_score_requests(data, None)
+    assert [(r.id, r.stride) for r in requests] == [("e", 1)]  # the smallest stride
+    assert errors == [(1, 'text: a list of token ids must hold integers, got "2"'),
+                      (2, 'duplicate id "c" (first on line 1)'),
+                      (3, 'stride must be an integer >= 1, got "2"'),
+                      (4, 'duplicate id "d" (first on line 3)'),
+                      (6, "stride must be an integer >= 1, got 0")]
 
 
 def test_line_numbers_and_duplicate_ids():
