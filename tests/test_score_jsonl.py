@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -21,8 +22,9 @@ from cli_helpers import assert_line_reports, assert_one_line_error, offline_env,
 
 from inferno.backends.numpy_backend import NumpyBackend
 from inferno.cli import main
+from inferno.jobs.plan import JobPlan
 from inferno.jobs.progress import Progress as _Progress
-from inferno.jobs.score import parse_score_requests
+from inferno.jobs.score import ScoreRequest, parse_score_requests, run_scoring
 
 SCORE = [sys.executable, "-m", "inferno", "score"]
 RESULT_KEYS = {"id", "ids", "logprobs", "total_logprob", "perplexity", "stride"}
@@ -320,6 +322,68 @@ def test_texts_the_backend_fails_are_reported_and_not_written(model_dir, tmp_pat
     assert 'in.jsonl:1: id "a" failed: BackendError: ' in err and "the LM head broke" in err
     assert err.strip().splitlines()[-1].endswith("0 malformed, 1 failed (run again to retry them)]")
     assert out.read_bytes() == b""  # a later run retries it
+
+
+class _Scored:
+    def __init__(self, ids: list[int]) -> None:
+        self.ids = ids
+
+    def to_dict(self) -> dict:
+        return {"ids": self.ids}
+
+
+class _FailingOnSomeTexts:
+    """A pipeline whose `score` fails for the texts in `failing` and scores the others."""
+
+    def __init__(self, failing: set[str]) -> None:
+        self.failing, self.scored = failing, []
+
+    def score(self, text, stride):
+        self.scored.append(text)
+        if text in self.failing:
+            raise RuntimeError(f"cannot score {text}")
+        return _Scored([1, 2, 3])
+
+
+def test_each_failed_text_is_counted_and_the_texts_after_it_are_still_scored(tmp_path, monkeypatch):
+    progress = _Progress(3, io.StringIO())
+    ticks = iter(range(200, 300))
+    monkeypatch.setattr(time, "perf_counter", lambda: next(ticks) / 2)  # 100.0, 100.5, ... seconds
+    pipe = _FailingOnSomeTexts({"a", "b"})
+    todo = [ScoreRequest(rid, text, None, line) for line, (rid, text) in enumerate(
+        [("x", "a"), ("y", "b"), ("z", "c")], start=1)]
+    out = tmp_path / "out.jsonl"
+    plan = JobPlan(pipe, todo, out, False, skipped=0, malformed=0, source="in.jsonl")
+    said = []
+    report = run_scoring(plan, progress, said.append)
+    assert report.seconds == 1.0  # from the start (100.0) past the progress line's update (100.5) to 101.0
+    assert pipe.scored == ["a", "b", "c"]
+    assert (report.failed, report.written, report.tokens, report.interrupted) == (2, 1, 3, False)
+    assert said == ['in.jsonl:1: id "x" failed: RuntimeError: cannot score a',
+                    'in.jsonl:2: id "y" failed: RuntimeError: cannot score b']
+    assert [json.loads(line) for line in out.read_text().splitlines()] == [{"id": "z", "ids": [1, 2, 3]}]
+
+
+def test_a_malformed_row_still_claims_its_id_and_an_unknown_key_gets_a_hint_only_when_one_is_close():
+    data = (b'{"id": "a", "txt": "x"}\n{"id": "a", "text": "y"}\n{"id": "b"}\n{"id": "b", "text": "z"}\n'
+            b'{"zzz": 1}\n')
+    requests, errors = parse_score_requests(data, None)
+    assert requests == []
+    assert errors == [(1, "unknown key 'txt' (did you mean 'text'? known: id, text, stride)"),
+                      (2, 'duplicate id "a" (first on line 1)'),
+                      (3, 'no "text" (the text to score, or a list of token ids)'),
+                      (4, 'duplicate id "b" (first on line 3)'),
+                      (5, "unknown key 'zzz' (known: id, text, stride)")]
+    data = (b'{"id": "c", "text": [1, "2"]}\n{"id": "c", "text": "q"}\n'
+            b'{"id": "d", "text": "q", "stride": "2"}\n{"id": "d", "text": "q"}\n'
+            b'{"id": "e", "text": "q", "stride": 1}\n{"id": "f", "text": "q", "stride": 0}\n')
+    requests, errors = parse_score_requests(data, None)
+    assert [(r.id, r.stride) for r in requests] == [("e", 1)]  # the smallest stride
+    assert errors == [(1, 'text: a list of token ids must hold integers, got "2"'),
+                      (2, 'duplicate id "c" (first on line 1)'),
+                      (3, 'stride must be an integer >= 1, got "2"'),
+                      (4, 'duplicate id "d" (first on line 3)'),
+                      (6, "stride must be an integer >= 1, got 0")]
 
 
 def test_line_numbers_and_duplicate_ids():
