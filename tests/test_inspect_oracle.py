@@ -29,6 +29,11 @@ from inferno.testing import random_state_dict, small_config  # noqa: E402
 pytestmark = pytest.mark.oracle
 
 TOL = 1e-5
+#: int8 also quantizes each product's inputs (blocks of 32, as q8_0), which HF holding the dequantized
+#: weights does not: its arithmetic is not HF's, so it is held to what that rounding moves (measured
+#: up to 0.057 on these sharp attentions), not to 1e-5; the plugin's own tests check its products
+#: against float64 on the quantized inputs at 1e-5.
+TOLS = {"half:dtype=int8": 0.1}
 # Sharper attention than the default random model's (so the weights are far from uniform): the error of
 # float32 arithmetic grows with the scores' spread; at this gain the worst seen is 4e-6, at 3 it was 1.2e-5.
 ATTN_GAIN = 2.0
@@ -105,8 +110,9 @@ def test_attention_and_logit_lens_equal_transformers(spec, shape):
         assert want_attention[:, :, 2:].max() > 0.5
     assert got.attention.dtype == np.float32
     assert got.attention.shape == (config.n_layer, config.n_head, t, t)
+    tol = TOLS.get(spec, TOL)
     err = np.abs(got.attention.astype(np.float64) - want_attention).max()
-    assert err <= TOL, f"{spec}: attention differs from transformers by {err:.3g}"
+    assert err <= tol, f"{spec}: attention differs from transformers by {err:.3g}"
 
     assert len(got.logit_lens) == config.n_layer + 1
     for layer, rows in enumerate(got.logit_lens):
@@ -119,6 +125,6 @@ def test_attention_and_logit_lens_equal_transformers(spec, shape):
             assert probs == sorted(probs, reverse=True)
             for i, p in pairs:
                 at = f"{spec} layer {layer} position {pos} id {i}"
-                assert abs(p - want[i]) <= TOL, f"{at}: {p} vs transformers' {want[i]}"
-                assert want[i] >= kth - TOL, f"{at} is not in transformers' top {top}"
+                assert abs(p - want[i]) <= tol, f"{at}: {p} vs transformers' {want[i]}"
+                assert want[i] >= kth - tol, f"{at} is not in transformers' top {top}"
     backend.close()
