@@ -145,7 +145,7 @@ class Weight16:
                    for i, j in enumerate(flat.tolist())):
                 return out.reshape(*ids.shape, k)
         if self.fmt == "int8":
-            return (_int8_rows(self)[flat] * self.scales()[flat][:, None]).reshape(*ids.shape, k)
+            return (_int8_rows(self, flat) * self.scales()[flat][:, None]).reshape(*ids.shape, k)
         # Row j's input i sits at blocks[j // PANEL, i, j % PANEL].
         got = np.ascontiguousarray(self.blocks[flat // PANEL, :k, flat % PANEL])
         return from_bits(got, self.fmt).reshape(*ids.shape, k)
@@ -214,12 +214,13 @@ def _pack_int8(out_in: np.ndarray, count: int) -> Weight16:
     return Weight16(blocks, (n, k), "int8")
 
 
-def _int8_rows(w: Weight16) -> np.ndarray:
-    """The int8 values of `w` as [outputs padded to panels, in] (undoing `_pack_int8`'s groups)."""
+def _int8_rows(w: Weight16, ids: np.ndarray) -> np.ndarray:
+    """The int8 values of outputs `ids` (1-D) of `w` as [len(ids), in], undoing `_pack_int8`'s groups for
+    those rows only (the fallback unpacks a slice at a time: not the whole matrix each time)."""
     k = w.rows[1]
-    kp, count = kpad(k), w.blocks.shape[0]
-    grouped = w.blocks[:, :kp].reshape(count, kp // 4, PANEL, 4).transpose(0, 2, 1, 3)
-    return grouped.reshape(count * PANEL, kp)[:, :k]
+    kp = kpad(k)
+    grouped = w.blocks[ids // PANEL, :kp].reshape(len(ids), kp // 4, PANEL, 4)
+    return grouped[np.arange(len(ids)), :, ids % PANEL].reshape(len(ids), kp)[:, :k]
 
 
 def quantize_blocks(x: np.ndarray) -> np.ndarray:
@@ -438,7 +439,7 @@ class HalfBackend(NumpyBackend):
             if _KERNELS.unpack(w.blocks, n, j0, j1, k, out, self._code, 1):
                 return out
         if w.fmt == "int8":
-            return _int8_rows(w)[j0:j1] * w.scales()[j0:j1, None]
+            return _int8_rows(w, np.arange(j0, j1)) * w.scales()[j0:j1, None]
         p0 = j0 // PANEL
         part = w.blocks[p0 : -(-j1 // PANEL), :k].transpose(0, 2, 1).reshape(-1, k)
         got = np.ascontiguousarray(part[j0 - p0 * PANEL : j1 - p0 * PANEL])

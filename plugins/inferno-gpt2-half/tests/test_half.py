@@ -77,7 +77,7 @@ def test_bfloat16_rounds_to_nearest_even():
 
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("n, k", [(21, 13), (64, 768 // 8), (50, 40), (8, 8), (1, 3)])
-def test_pack_keeps_every_value_and_row_gather(fmt, n, k):
+def test_pack_keeps_every_value_and_row_gather(fmt, n, k, monkeypatch):
     a = np.random.default_rng(n * k).standard_normal((n, k)).astype(np.float32)
     w = hb.pack(a, fmt)
     want = _rounded(a.T, fmt).T.astype(np.float32)
@@ -86,6 +86,9 @@ def test_pack_keeps_every_value_and_row_gather(fmt, n, k):
     ids = np.array([[0, n - 1, n // 2], [n // 3, 0, n - 1]])
     np.testing.assert_array_equal(w.row_values(ids), want[ids])
     assert w.shape == (k, n) and w.rows == (n, k)
+    monkeypatch.setattr(hb, "_KERNELS", None)  # the NumPy fallback's gather and unpacking
+    np.testing.assert_array_equal(w.row_values(ids), want[ids])
+    np.testing.assert_array_equal(be._unpack(w, n // 3, n), want[n // 3 :])
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
