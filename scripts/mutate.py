@@ -155,14 +155,15 @@ def resolve(module: str) -> tuple[str, list[str], list[str], list[str]] | None:
     """(work folder name, files, tests, deselected) for "options", "inferno/options.py", "serve.routes",
     "cli/_args", or one file of a package entry ("jobs/lines": jobs' tests on inferno/jobs/lines.py)."""
     parts = re.sub(r"^inferno[./]|\.py$", "", module).replace("/", ".").split(".")
-    for key in (parts[-1], parts[-1].lstrip("_")):
-        if key in TESTS:
-            return (key, *TESTS[key])
+    # a package's file first: "jobs/generate" is inferno/jobs/generate.py, not the entry "generate"
     if len(parts) >= 2 and parts[-2] in TESTS:
         files, tests, deselect = TESTS[parts[-2]]
         path = f"inferno/{'/'.join(parts)}.py"
         if any(Path(path).match(f) or path == f for f in files) and (ROOT / path).is_file():
             return "-".join(parts[-2:]), [path], tests, deselect
+    for key in (parts[-1], parts[-1].lstrip("_")):
+        if key in TESTS:
+            return (key, *TESTS[key])
     return None
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -76,3 +77,23 @@ def test_the_model_fits_on_one_screen():
     # written once (#26). Guards, caches and inspection live beside it.
     lines = (ROOT / "inferno" / "model.py").read_text().splitlines()
     assert len(lines) <= 200, f"inferno/model.py has {len(lines)} lines; keep it one screen"
+
+
+def test_mutate_script_resolves_a_package_file_before_a_module_of_the_same_name():
+    # "jobs/generate" is inferno/jobs/generate.py with the jobs tests, not inferno/generate.py
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("mutate", ROOT / "scripts" / "mutate.py")
+    assert spec is not None and spec.loader is not None
+    sys.path.insert(0, str(ROOT / "scripts"))  # mutate.py imports its sibling mutation_report
+    try:
+        mutate = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mutate)
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    assert mutate.resolve("jobs/generate")[:2] == ("jobs-generate", ["inferno/jobs/generate.py"])
+    assert mutate.resolve("generate")[:2] == ("generate", ["inferno/generate.py"])
+    assert mutate.resolve("inferno/options.py")[0] == "options"
+    assert mutate.resolve("cli/_args")[0] == "args"
+    assert mutate.resolve("serve/schemas")[0] == "schemas"
+    assert mutate.resolve("jobs/nothing") is None
