@@ -145,7 +145,7 @@ def run_generation(plan: JobPlan, progress: Progress, say: Callable[[str], None]
         try:
             run.engine = plan.pipe.engine(slots=slots, max_queue=None,
                                           prefill_chunk=prefill_chunk or DEFAULT_PREFILL_CHUNK)
-            run.run(todo, slots)
+            run.run(todo)
         except KeyboardInterrupt:
             run.interrupts.hold()  # a second Ctrl-C must not cut the clean-up short
             run.cancel()
@@ -172,7 +172,7 @@ class _GenerationRun:
     def token_text(self, i: int) -> str:
         return self.pipe.tokenizer.decode([i])
 
-    def run(self, todo: list[Request], slots: int) -> None:
+    def run(self, todo: list[Request]) -> None:
         from inferno.generate import GenerationError
         from inferno.options import OptionError
 
