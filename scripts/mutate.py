@@ -54,7 +54,7 @@ TESTS: dict[str, tuple[list[str], list[str], list[str]]] = {
                  "tests/serve/test_serve_inprocess.py"], []),
     "jobs": (["inferno/jobs/*.py"],
              ["tests/test_jobs_lines.py", "tests/test_jobs_plan.py", "tests/test_jobs_progress.py",
-              "tests/test_jobs_generate.py", "tests/test_batch_cli.py",
+              "tests/test_jobs_generate.py", "tests/test_jobs_output.py", "tests/test_batch_cli.py",
               "tests/test_score_jsonl.py", "tests/test_hostile_files.py"], []),
     "checked": (["inferno/backends/checked.py"],
                 ["tests/test_checked_diagnose.py", "tests/test_checked_guard.py",

@@ -35,7 +35,6 @@ def read_done(path: Path) -> Done:
     if not path.exists():
         return Done(ids, notes, False)
     with open(path, "rb") as f:
-        line = 0
         for line, raw in enumerate(f, 1):
             complete = raw.endswith(b"\n")
             if not complete:
@@ -118,7 +117,7 @@ class Output:
 def same_file(a: Path, b: Path) -> bool:
     try:
         return a.resolve() == b.resolve() or (a.exists() and b.exists() and os.path.samefile(a, b))
-    except OSError:
+    except (OSError, RuntimeError):  # RuntimeError: a symlink loop, before Python 3.13
         return False
 
 
