@@ -198,6 +198,13 @@ def main() -> int:
         work = ROOT / ".mutate" / name
         if not (work / "mutants").is_dir():
             p.error(f"no earlier run in {work.relative_to(ROOT)}: run scripts/mutate.py {args.module} first")
+        # The mutants are of the package as it was copied: new tests against changed code are a new run.
+        changed = sorted(str(f.relative_to(ROOT)) for f in (ROOT / "inferno").rglob("*.py")
+                         if not (work / f.relative_to(ROOT)).is_file()
+                         or (work / f.relative_to(ROOT)).read_bytes() != f.read_bytes())
+        if changed:
+            p.error(f"changed since the run in {work.relative_to(ROOT)}: {', '.join(changed)}; "
+                    f"run scripts/mutate.py {args.module} afresh")
         shutil.rmtree(work / "tests")
         shutil.copytree(ROOT / "tests", work / "tests", ignore=shutil.ignore_patterns("__pycache__"))
         # a test file added to the selection since is run too
