@@ -99,6 +99,37 @@ def test_model_flags():
     assert (args.model_dir, args.backend, args.threads) == (None, None, None)
 
 
+def _flags(add) -> dict[str, tuple[list[str], str | None, str | None]]:
+    """Each flag `add` adds: its option strings, metavar and help (--help's text, in any Python)."""
+    p = argparse.ArgumentParser(prog="x", add_help=False)
+    add(p)
+    return {a.dest: (a.option_strings, a.metavar, a.help) for a in p._actions}
+
+
+def test_the_model_flags_help():
+    assert _flags(add_model_args) == {
+        "model_dir": (["-m", "--model", "--model-dir"], "NAME",
+                      "a folder, a Hub name (gpt2, gpt2-medium, gpt2-large, gpt2-xl, distilgpt2, "
+                      "ORG/NAME[@REVISION]) or random / random:tiny (default: gpt2 from the Hugging Face "
+                      "cache; see docs/models.md)"),
+        "backend": (["-b", "--backend"], "NAME", "compute backend, optionally with options: "
+                    "NAME[:key=value,...] (default: $INFERNO_BACKEND or numpy; see 'inferno backends')"),
+        "threads": (["--threads"], "N", "worker threads (cpu-threaded, torch, half; default: usable cores); "
+                    "other backends reject it"),
+    }
+
+
+def test_the_ray_flags_help():
+    assert _flags(add_ray_args) == {
+        "ray": (["--ray"], "ADDRESS", "run on Ray Data (needs the ray extra): without ADDRESS, ray.init()'s "
+                "default (RAY_ADDRESS, a Ray started on this machine, else a new local one); 'auto', "
+                "HOST:PORT or ray://HOST:PORT for a cluster"),
+        "workers": (["--workers"], "N", "with --ray: Ray actors, each loading the model once (default 1)"),
+        "cpus_per_worker": (["--cpus-per-worker"], "N", "with --ray: CPUs Ray reserves for each worker, "
+                            "which are its BLAS threads (default 1)"),
+    }
+
+
 def test_threads_on_a_backend_without_threads_names_the_flag():
     with pytest.raises(CliError) as info:
         _args.load(argparse.Namespace(model_dir="random:tiny", backend="numpy", threads=2))
@@ -133,6 +164,36 @@ def test_stdin_is_read_up_to_its_limit(monkeypatch):
         read_stdin(8)
     assert str(info.value) == "stdin: more than the 8-byte limit for a text"
     assert _args.MAX_TEXT_BYTES == 64 << 20
+
+
+class _EndlessStdin:
+    """Like /dev/zero: any number of bytes; a read without a bound fails the test."""
+
+    def __init__(self) -> None:
+        self.buffer = self
+
+    def isatty(self) -> bool:
+        return False
+
+    def read(self, n: int | None = -1) -> bytes:
+        assert n is not None and n >= 0, "stdin read without a bound"
+        return b"x" * n
+
+
+def test_an_endless_stdin_is_read_only_past_the_limit(monkeypatch):
+    monkeypatch.setattr(sys, "stdin", _EndlessStdin())
+    with pytest.raises(CliError) as info:
+        read_stdin(8)
+    assert str(info.value) == "stdin: more than the 8-byte limit for a text"
+
+
+def test_a_text_file_past_the_limit_is_refused_naming_it(tmp_path, monkeypatch):
+    big = tmp_path / "big.txt"
+    big.write_bytes(b"x" * 9)
+    monkeypatch.setattr(_args, "MAX_TEXT_BYTES", 8)
+    with pytest.raises(CliError) as info:
+        read_text(str(big), "--prompt-file")
+    assert str(info.value) == f"--prompt-file {big}: is 9 bytes, more than the 8-byte limit for a text"
 
 
 def test_read_text_from_a_file_or_stdin(tmp_path, monkeypatch):
@@ -194,7 +255,8 @@ def _ray_parser() -> argparse.ArgumentParser:
 
 @pytest.mark.parametrize("given, address", [
     ([], None), (["--ray"], ""), (["--ray=auto"], "auto"), (["--ray=local"], "local"),
-    (["--ray", "ray://h:10001"], "ray://h:10001"), (["--ray", "10.0.0.1:6379"], "10.0.0.1:6379"),
+    (["--ray", "ray://h:10001"], "ray://h:10001"), (["--ray", "ray://head"], "ray://head"),
+    (["--ray", "10.0.0.1:6379"], "10.0.0.1:6379"), (["--ray", "[::1]:6379"], "[::1]:6379"),
 ])
 def test_ray_addresses(given, address):
     assert _ray_parser().parse_args(["in.jsonl", *given]).ray == address
@@ -221,6 +283,9 @@ def test_ray_flags_and_the_first_one_given_without_ray():
     assert without_ray(args, ("strict",)) == "--strict"  # unless the command says it only works with it
     args.strict = False
     assert without_ray(args, ("strict",)) is None
+    # a namespace without some of the flags (a command that has not got them) has none of them given
+    assert without_ray(argparse.Namespace()) is None
+    assert without_ray(argparse.Namespace(workers=2)) == "--workers"
 
 
 @dataclass
@@ -267,6 +332,27 @@ def _namespace(**given) -> argparse.Namespace:
     base = dict(model_dir="m", backend="numpy", threads=None, workers=None, cpus_per_worker=None,
                 strict=False, ray="", input="in.jsonl", output="out.jsonl")
     return argparse.Namespace(**{**base, **given})
+
+
+class _Stderr(io.StringIO):
+    """Records what was written at each flush."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flushed: list[str] = []
+
+    def flush(self) -> None:
+        self.flushed.append(self.getvalue())
+
+
+def test_run_ray_job_says_each_note_at_once_and_an_interruption_as_its_count(ray_job, monkeypatch):
+    err = _Stderr()
+    monkeypatch.setattr(sys, "stderr", err)
+    ray_job.report = JobReport(todo=3, written=1, interrupted=True)
+    assert run_ray_job("score", _namespace(), "inferno score") == EXIT_INTERRUPTED
+    assert "inferno score: a note\n" in err.flushed  # flushed as it is said, not when the job ends
+    # Ray's workers do not know the whole job's count: N written, not N of M
+    assert err.getvalue().splitlines()[-1] == "[interrupted: 1 texts written to out.jsonl]"
 
 
 def test_run_ray_job_hands_the_flags_and_their_defaults_to_the_job(ray_job, capsys):

@@ -215,7 +215,7 @@ def run_ray_job(kind: str, args: argparse.Namespace, prog: str) -> int:
                        stop_at_eos=not getattr(args, "ignore_eos", False),
                        stride=getattr(args, "stride", None), strict=args.strict,
                        slots=getattr(args, "slots", None) or DEFAULT_SLOTS)
-    address = {"": None, "local": "local"}.get(args.ray, args.ray)
+    address = args.ray or None  # a bare --ray: ray.init()'s default
     report = run_job(config, args.input, args.output, address,
                      lambda m: print(f"{prog}: {m}", file=sys.stderr, flush=True))
     what, tokens = ("requests", "new tokens") if kind == GENERATE else ("texts", "tokens")
