@@ -134,8 +134,8 @@ def test_threads_on_a_backend_without_threads_names_the_flag():
     with pytest.raises(CliError) as info:
         _args.load(argparse.Namespace(model_dir="random:tiny", backend="numpy", threads=2))
     assert str(info.value).startswith("--threads: ") and "numpy" in str(info.value)
-    pipe = _args.load(argparse.Namespace(model_dir="random:tiny", backend="cpu-threaded", threads=2))
-    assert pipe.backend.name == "cpu-threaded"
+    pipe = _args.load(argparse.Namespace(model_dir="random:tiny", backend="cpu-threaded", threads=3))
+    assert (pipe.backend.name, pipe.backend.threads) == ("cpu-threaded", 3)
     assert _args.load(argparse.Namespace(model_dir="random:tiny", backend=None, threads=None)).config.n_layer
 
 
