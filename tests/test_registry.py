@@ -499,6 +499,8 @@ def test_every_broken_plugin_says_exactly_what_went_wrong(fake_plugins):
     for name, status in statuses.items():
         assert infos[name].status == status, name
         assert (infos[name].description, infos[name].version, infos[name].ok) == ("", "1.0", False)
+    for name in ("fake-import", "fake-exit", "fake-raises"):  # no class to ask where it runs
+        assert infos[name].runs_on == "", name
     assert infos["fake-signature"].status.startswith(
         "invalid plugin: PluginValidationError: Plugin 'inferno-fake-signature:fake-signature' for hook "
         "'register_backends'")
