@@ -19,11 +19,6 @@ from inferno.serve.state import State
 router = new_router()
 
 
-@router.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses={
-    200: {"content": {"text/event-stream": {"schema": event_schema("ChatCompletionChunk")}},
-          "description": "A chat completion; with stream, Server-Sent Events: data: {chunk} ... "
-                         "data: [DONE]"},
-    **ERRORS, **QUEUE_FULL})
 async def chat_completions(body: ChatCompletionRequest, request: Request, state: State) -> Response:
     """OpenAI's chat completions: the messages become one prompt through the chat template."""
     started = time.perf_counter()
@@ -41,3 +36,10 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, state:
     completion = Completion(plan, handles, None, state.texts, state.config.model_id, state.metrics, started,
                             ChatFormat(state.texts))
     return await respond(state, request, completion, plan.stream)
+
+router.add_api_route("/v1/chat/completions", chat_completions, methods=["POST"],
+                     response_model=ChatCompletionResponse, responses={
+    200: {"content": {"text/event-stream": {"schema": event_schema("ChatCompletionChunk")}},
+          "description": "A chat completion; with stream, Server-Sent Events: data: {chunk} ... "
+                         "data: [DONE]"},
+    **ERRORS, **QUEUE_FULL})

@@ -18,10 +18,6 @@ from inferno.serve.state import State
 router = new_router()
 
 
-@router.post("/v1/completions", response_model=CompletionResponse, responses={
-    200: {"content": {"text/event-stream": {"schema": event_schema("CompletionResponse")}},
-          "description": "A completion; with stream, Server-Sent Events: data: {chunk} ... data: [DONE]"},
-    **ERRORS, **QUEUE_FULL})
 async def completions(body: CompletionRequest, request: Request, state: State) -> Response:
     """OpenAI's legacy completions (see `inferno.serve.completions` for the conventions)."""
     started = time.perf_counter()
@@ -39,3 +35,9 @@ async def completions(body: CompletionRequest, request: Request, state: State) -
     handles = state.submit(plan)
     completion = Completion(plan, handles, echoes, state.texts, state.config.model_id, state.metrics, started)
     return await respond(state, request, completion, plan.stream)
+
+router.add_api_route("/v1/completions", completions, methods=["POST"], response_model=CompletionResponse,
+                     responses={
+    200: {"content": {"text/event-stream": {"schema": event_schema("CompletionResponse")}},
+          "description": "A completion; with stream, Server-Sent Events: data: {chunk} ... data: [DONE]"},
+    **ERRORS, **QUEUE_FULL})

@@ -13,7 +13,6 @@ from inferno.serve.state import State
 router = new_router()
 
 
-@router.get("/v1/models", response_model=ModelList, responses={503: ERRORS[503]})
 async def models(state: State) -> dict:
     """The one model: its id is --served-model-name, else the --model-dir folder's name, else "gpt2"."""
     pipe = state.require(draining_ok=True)
@@ -21,8 +20,10 @@ async def models(state: State) -> dict:
             "max_model_len": pipe.config.n_positions}
     return {"object": "list", "data": [card]}
 
+router.add_api_route("/v1/models", models, methods=["GET"], response_model=ModelList,
+                     responses={503: ERRORS[503]})
 
-@router.get("/health", response_model=Health, responses={503: {"model": Health, "description": "Not ready"}})
+
 async def health(state: State) -> JSONResponse:
     """200 when the model is loaded and requests are taken; 503 while loading or shutting down."""
     status = "shutting_down" if state.draining else state.status
@@ -35,9 +36,13 @@ async def health(state: State) -> JSONResponse:
         out["error"] = state.load_error
     return JSONResponse(out, status_code=200 if status == "ok" else 503)
 
+router.add_api_route("/health", health, methods=["GET"], response_model=Health,
+                     responses={503: {"model": Health, "description": "Not ready"}})
 
-@router.get("/metrics", response_class=Response,
-            responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}},
-                             "description": "Prometheus text format"}})
+
 async def metrics(state: State) -> Response:
     return Response(state.metrics.render(), media_type=state.metrics.content_type)
+
+router.add_api_route("/metrics", metrics, methods=["GET"], response_class=Response,
+                     responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}},
+                                      "description": "Prometheus text format"}})

@@ -24,7 +24,6 @@ router = new_router()
 DEFAULT_TOP = 5
 
 
-@router.post("/v1/inspect", response_model=InspectResponse, responses=ERRORS)
 async def inspect(body: InspectRequest, state: State) -> JSONResponse:
     """Attention weights ([layer][head][query][key]) and the logit lens ([layer][position] → the top
     tokens with their probabilities) of one prompt."""
@@ -60,6 +59,9 @@ async def inspect(body: InspectRequest, state: State) -> JSONResponse:
     except InspectionError as exc:
         raise ApiError(400, str(exc), param=exc.param) from None
     return JSONResponse(_response(result, texts, state.config.model_id))
+
+router.add_api_route("/v1/inspect", inspect, methods=["POST"], response_model=InspectResponse,
+                     responses=ERRORS)
 
 
 def _response(r: Inspection, texts, model: str) -> dict:

@@ -19,7 +19,6 @@ from inferno.serve.state import State
 router = new_router()
 
 
-@router.post("/tokenize", response_model=TokenizeResponse, responses=ERRORS)
 async def tokenize(body: TokenizeRequest, state: State) -> dict:
     """Text (``content``, or ``prompt``) to token ids; <|endoftext|> is id 50256 unless parse_special
     is false."""
@@ -30,8 +29,10 @@ async def tokenize(body: TokenizeRequest, state: State) -> dict:
     ids = await run_in_threadpool(pipe.tokenizer.encode, text, body.parse_special is not False)
     return {"tokens": ids, "count": len(ids), "max_model_len": pipe.config.n_positions}
 
+router.add_api_route("/tokenize", tokenize, methods=["POST"], response_model=TokenizeResponse,
+                     responses=ERRORS)
 
-@router.post("/detokenize", response_model=DetokenizeResponse, responses=ERRORS)
+
 async def detokenize(body: DetokenizeRequest, state: State) -> dict:
     """Token ids to text (``content``, and the same as ``prompt``)."""
     pipe = state.require(draining_ok=True)
@@ -45,8 +46,10 @@ async def detokenize(body: DetokenizeRequest, state: State) -> dict:
         raise ApiError(400, str(exc), param="tokens") from None
     return {"content": text, "prompt": text}
 
+router.add_api_route("/detokenize", detokenize, methods=["POST"], response_model=DetokenizeResponse,
+                     responses=ERRORS)
 
-@router.get("/tokenizer_info", response_model=TokenizerInfo, responses={503: ERRORS[503]})
+
 async def tokenizer_info(state: State) -> dict:
     pipe = state.require(draining_ok=True)
     tok, eos = pipe.tokenizer, pipe.config.eos_token_id
@@ -55,3 +58,6 @@ async def tokenizer_info(state: State) -> dict:
     return {"model": state.config.model_id, "tokenizer": "GPT-2 byte-level BPE",
             "eos_token": names.get(eos, ""), "eos_token_id": eos, "vocab_size": tok.vocab_size,
             "max_model_len": pipe.config.n_positions, "special_tokens": special}
+
+router.add_api_route("/tokenizer_info", tokenizer_info, methods=["GET"], response_model=TokenizerInfo,
+                     responses={503: ERRORS[503]})
