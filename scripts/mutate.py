@@ -64,7 +64,8 @@ TESTS: dict[str, tuple[list[str], list[str], list[str]]] = {
            ["tests/test_kv.py", "tests/test_model.py", "tests/test_engine.py",
             "tests/test_faults_backends.py"], []),
     "routes": (["inferno/serve/routes/*.py"],
-               ["tests/serve/test_serve_inprocess.py", "tests/serve/test_serve_playground_api.py"], []),
+               ["tests/serve/test_serve_routes.py", "tests/serve/test_serve_inprocess.py",
+                "tests/serve/test_serve_playground_api.py"], []),
     "args": (["inferno/cli/_args.py"], ["tests/test_cli_args.py", "tests/test_cli.py"], []),
 }
 COPIED = ["inferno", "tests", "pyproject.toml"]  # the shipped gpt2 files are inside inferno/ (data/gpt2)

@@ -1,0 +1,289 @@
+"""Every route of the server in this process (Starlette's TestClient on `create_app`), each answer
+compared with what the same model gives in process: completions and chat (whole and streamed, the
+access log's line), the model card, /health, /metrics, the tokenizer routes, /v1/inspect, and each
+route's 400s in OpenAI's error shape. The subprocess tests show the same through a real server; these
+are the ones mutation testing can see."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import pytest
+from serve_helpers import sse_data
+from starlette.testclient import TestClient
+
+from inferno.serve import ServeConfig, create_app
+from inferno.serve.schemas import MAX_INSPECT_WEIGHTS
+
+MODEL = "tiny-test"
+TEMPLATE = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}assistant:"
+
+
+def _app(small_pipe, small_model_dir, **config):
+    return create_app(ServeConfig(model_dir=str(small_model_dir), backend="numpy", download=False,
+                                  model_id=MODEL, slots=2, chat_template=TEMPLATE, **config),
+                      pipeline=small_pipe)
+
+
+@pytest.fixture(scope="module")
+def client(small_pipe, small_model_dir):
+    with TestClient(_app(small_pipe, small_model_dir, log_prompts=True)) as c:
+        yield c
+
+
+def _error(r, status: int, message: str, param: str | None, code: str | None = None) -> None:
+    assert r.status_code == status, r.text
+    assert r.json() == {"error": {"message": message, "type": "invalid_request_error", "param": param,
+                                  "code": code}}
+
+
+def _events(client, path: str, body: dict) -> list:
+    with client.stream("POST", path, json=body) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        return [data if data == "[DONE]" else json.loads(data) for data in sse_data(r.iter_lines())]
+
+
+def _access_line(caplog, path: str) -> str:
+    lines = [r.getMessage() for r in caplog.records
+             if r.name == "inferno.serve" and f" {path}\"" in r.getMessage()]
+    assert lines, [r.getMessage() for r in caplog.records]
+    return lines[-1]
+
+
+# ------------------------------------------------------------------------------------- completions
+
+
+def test_a_completion_is_what_the_model_gives_and_the_log_says_its_tokens(client, small_pipe, caplog):
+    caplog.set_level(logging.INFO, logger="inferno.serve")
+    expected = small_pipe.generate("Hello", max_new_tokens=5, stop_at_eos=False)
+    r = client.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 5, "temperature": 0,
+                                             "ignore_eos": True})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert (body["object"], body["model"]) == ("text_completion", MODEL)
+    assert body["choices"][0]["text"] == expected.text
+    assert body["choices"][0]["finish_reason"] == "length"
+    prompt_tokens = len(small_pipe.encode("Hello"))
+    assert body["usage"] == {"prompt_tokens": prompt_tokens, "completion_tokens": 5,
+                             "total_tokens": prompt_tokens + 5}
+    line = _access_line(caplog, "/v1/completions")
+    assert f"prompt_tokens={prompt_tokens} completion_tokens=5 finish_reasons=length" in line
+    assert line.endswith('prompt="Hello"')  # --log-prompts
+    assert "disconnected" not in line
+
+
+def test_a_streamed_completion_gives_the_same_text(client, small_pipe, caplog):
+    caplog.set_level(logging.INFO, logger="inferno.serve")
+    events = _events(client, "/v1/completions", {"prompt": "Hello", "max_tokens": 5, "temperature": 0,
+                                                 "ignore_eos": True, "stream": True})
+    assert events[-1] == "[DONE]"
+    text = "".join(e["choices"][0]["text"] for e in events[:-1])
+    assert text == small_pipe.generate("Hello", max_new_tokens=5, stop_at_eos=False).text
+    assert "completion_tokens=5 finish_reasons=length" in _access_line(caplog, "/v1/completions")
+
+
+def test_echo_puts_the_prompt_before_the_completion(client, small_pipe):
+    r = client.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 2, "temperature": 0,
+                                             "ignore_eos": True, "echo": True})
+    expected = small_pipe.generate("Hello", max_new_tokens=2, stop_at_eos=False)
+    assert r.json()["choices"][0]["text"] == "Hello" + expected.text
+
+
+def test_completion_errors(client, small_pipe):
+    n = small_pipe.config.n_positions
+    r = client.post("/v1/completions", json={"prompt": [1] * (n + 1), "max_tokens": 1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+    assert r.json()["error"]["code"] == "context_length_exceeded"
+    _error(client.post("/v1/completions", json={"prompt": "a", "n": 3}), 400,
+           "n=3 needs 3 KV slots at once; this server has 2 (--slots)", "n")
+
+
+def test_a_server_without_log_prompts_logs_no_prompt(small_pipe, small_model_dir, caplog):
+    caplog.set_level(logging.INFO, logger="inferno.serve")
+    with TestClient(_app(small_pipe, small_model_dir)) as c:
+        assert c.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 1}).status_code == 200
+        assert c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}],
+                                                    "max_tokens": 1}).status_code == 200
+    assert "prompt=" not in _access_line(caplog, "/v1/completions")
+    assert "prompt=" not in _access_line(caplog, "/v1/chat/completions")
+
+
+# ------------------------------------------------------------------------------------- chat
+
+
+MESSAGES = [{"role": "user", "content": "Hi there"}]
+
+
+def test_a_chat_completion_is_the_model_on_the_template(client, small_pipe, caplog):
+    caplog.set_level(logging.INFO, logger="inferno.serve")
+    prompt = "user: Hi there\nassistant:"
+    expected = small_pipe.generate(prompt, max_new_tokens=4, stop_at_eos=False)
+    r = client.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 4, "temperature": 0,
+                                                  "ignore_eos": True})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert (body["object"], body["model"]) == ("chat.completion", MODEL)
+    assert body["choices"][0]["message"] == {"role": "assistant", "content": expected.text}
+    assert body["usage"]["prompt_tokens"] == len(small_pipe.encode(prompt))
+    line = _access_line(caplog, "/v1/chat/completions")
+    assert "completion_tokens=4 finish_reasons=length" in line
+    assert line.endswith(f"prompt={json.dumps(MESSAGES)}")
+
+    events = _events(client, "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 4,
+                                                      "temperature": 0, "ignore_eos": True, "stream": True})
+    assert events[-1] == "[DONE]"
+    assert "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-1]
+                   if e["choices"]) == expected.text
+
+
+def test_chat_errors(client, small_pipe):
+    n = small_pipe.config.n_positions
+    r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "a " * n}],
+                                                  "max_tokens": 1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages", r.text
+    assert r.json()["error"]["code"] == "context_length_exceeded"
+    _error(client.post("/v1/chat/completions", json={"messages": MESSAGES, "n": 3}), 400,
+           "n=3 needs 3 KV slots at once; this server has 2 (--slots)", "n")
+
+
+# ------------------------------------------------------------------------------------- the server
+
+
+def test_the_model_card(client, small_pipe):
+    r = client.get("/v1/models")
+    assert r.status_code == 200
+    (card,) = r.json()["data"]
+    assert r.json()["object"] == "list"
+    assert card == {"id": MODEL, "object": "model", "created": card["created"], "owned_by": "inferno",
+                    "max_model_len": small_pipe.config.n_positions}
+    assert isinstance(card["created"], int) and card["created"] > 1_700_000_000
+
+
+def test_health_says_the_slots_and_requests(client):
+    r = client.get("/health")
+    assert r.status_code == 200
+    assert r.json() == {"status": "ok", "model": MODEL, "slots_total": 2, "slots_free": 2,
+                        "requests_running": 0, "requests_waiting": 0}
+
+
+def test_metrics_count_what_the_completions_did(client):
+    client.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 3, "ignore_eos": True})
+    r = client.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in r.text.splitlines()
+              if line and not line.startswith("#")}
+    assert values["inferno_slots_total"] == 2 and values["inferno_prompt_tokens_total"] >= 1
+    assert values["inferno_generation_tokens_total"] >= 3
+
+
+# ------------------------------------------------------------------------------------- tokenizer
+
+
+def test_tokenize(client, small_pipe):
+    text = "Hello<|endoftext|>"
+    ids = small_pipe.tokenizer.encode(text, True)
+    assert ids[-1] == 50256
+    n = small_pipe.config.n_positions
+    assert client.post("/tokenize", json={"content": text}).json() == {"tokens": ids, "count": len(ids),
+                                                                       "max_model_len": n}
+    assert client.post("/tokenize", json={"prompt": text}).json()["tokens"] == ids
+    plain = client.post("/tokenize", json={"content": text, "parse_special": False}).json()["tokens"]
+    assert plain == small_pipe.tokenizer.encode(text, False) and 50256 not in plain
+    assert client.post("/tokenize", json={"content": text, "parse_special": True}).json()["tokens"] == ids
+    _error(client.post("/tokenize", json={}), 400, "send the text to tokenize as content (or prompt)",
+           "content")
+
+
+def test_detokenize(client, small_pipe):
+    ids = small_pipe.tokenizer.encode("Hello world", True)
+    assert client.post("/detokenize", json={"tokens": ids}).json() == {"content": "Hello world",
+                                                                       "prompt": "Hello world"}
+    limit = small_pipe.tokenizer.vocab_size
+    _error(client.post("/detokenize", json={"tokens": [1, limit]}), 400,
+           f"token id {limit} is outside the vocabulary [0, {limit})", "tokens")
+
+
+def test_tokenizer_info(client, small_pipe):
+    tok = small_pipe.tokenizer
+    assert client.get("/tokenizer_info").json() == {
+        "model": MODEL, "tokenizer": "GPT-2 byte-level BPE", "eos_token": "<|endoftext|>",
+        "eos_token_id": 50256, "vocab_size": tok.vocab_size, "max_model_len": small_pipe.config.n_positions,
+        "special_tokens": tok.special_tokens}
+
+
+# ------------------------------------------------------------------------------------- inspect
+
+
+def _texts(small_pipe, ids):
+    from inferno.serve.completions import TokenTexts
+
+    texts = TokenTexts(small_pipe.tokenizer)
+    return [texts[i] for i in ids]
+
+
+@pytest.mark.parametrize("body", [{"prompt": "Hello world"}, {"prompt": "Hello world", "layers": [1],
+                                                              "heads": [0, 2], "positions": [1], "top": 3}])
+def test_inspect_is_the_models_own_inspection(client, small_pipe, body):
+    ids = small_pipe.encode("Hello world")
+    kwargs = {k: body[k] for k in ("layers", "heads", "positions") if k in body}
+    expected = small_pipe.inspect(ids, top=body.get("top", 5), **kwargs)
+    r = client.post("/v1/inspect", json=body)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert (out["object"], out["model"], out["token_ids"]) == ("inspection", MODEL, ids)
+    assert out["tokens"] == _texts(small_pipe, ids)
+    assert (out["layers"], out["heads"], out["positions"]) == (expected.layers, expected.heads,
+                                                               expected.positions)
+    assert out["attention"] == np.round(expected.attention.astype(np.float64), 4).tolist()
+    lens = [[[(e["token_id"], e["token"], e["probability"]) for e in pos] for pos in layer]
+            for layer in out["logit_lens"]]
+    assert lens == [[[(i, _texts(small_pipe, [i])[0], p) for i, p in pairs] for pairs in layer]
+                    for layer in expected.logit_lens]
+    assert all(len(pos) == body.get("top", 5) for layer in lens for pos in layer)
+
+
+def test_inspect_takes_ids_and_an_empty_prompt_is_the_end_of_text(client, small_pipe):
+    ids = small_pipe.encode("Hi")
+    assert client.post("/v1/inspect", json={"prompt": ids}).json()["token_ids"] == ids
+    assert client.post("/v1/inspect", json={"prompt": ""}).json()["token_ids"] == [50256]
+    out = client.post("/v1/inspect", json={"prompt": "Hi", "top": 20, "positions": [0], "layers": [0],
+                                           "heads": [0]}).json()
+    lens = out["logit_lens"]
+    assert [len(pos) for layer in lens for pos in layer] == [20] * (small_pipe.config.n_layer + 1)
+
+
+def test_inspect_errors(client, small_pipe):
+    c, limit = small_pipe.config, small_pipe.sample_limit
+    _error(client.post("/v1/inspect", json={"prompt": [1, limit]}), 400,
+           f"prompt: token id {limit} is outside the vocabulary [0, {limit})", "prompt")
+    _error(client.post("/v1/inspect", json={"prompt": [1] * (c.n_positions + 1)}), 400,
+           f"This model's maximum context length is {c.n_positions} tokens, but prompt is "
+           f"{c.n_positions + 1} tokens long; shorten it", "prompt", "context_length_exceeded")
+    r = client.post("/v1/inspect", json={"prompt": "Hi", "layers": [c.n_layer]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "layers", r.text
+    r = client.post("/v1/inspect", json={"prompt": "Hi", "heads": [c.n_head]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "heads", r.text
+    r = client.post("/v1/inspect", json={"prompt": "Hi", "positions": [99]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "positions", r.text
+
+
+def test_inspect_refuses_more_weights_than_one_response_holds(client, small_pipe, monkeypatch):
+    from inferno.serve.routes import inspect as route
+
+    c = small_pipe.config
+    ids = small_pipe.encode("Hello world")
+    weights = c.n_layer * c.n_head * len(ids) ** 2
+    monkeypatch.setattr(route, "MAX_INSPECT_WEIGHTS", weights - 1)
+    _error(client.post("/v1/inspect", json={"prompt": "Hello world"}), 400,
+           f"the attention of {c.n_layer} layers × {c.n_head} heads over {len(ids)} tokens is {weights} "
+           f"weights, more than the {weights - 1} one response holds: ask for fewer layers or heads",
+           "layers")
+    monkeypatch.setattr(route, "MAX_INSPECT_WEIGHTS", weights)
+    assert client.post("/v1/inspect", json={"prompt": "Hello world"}).status_code == 200
+    # one layer and one head: n_layer * n_head times fewer
+    monkeypatch.setattr(route, "MAX_INSPECT_WEIGHTS", len(ids) ** 2)
+    one = {"prompt": "Hello world", "layers": [0], "heads": [1]}
+    assert client.post("/v1/inspect", json=one).status_code == 200
+    assert MAX_INSPECT_WEIGHTS == 1 << 24
