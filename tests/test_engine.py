@@ -794,6 +794,7 @@ def test_a_handle_records_when_it_was_submitted_admitted_and_finished(pipe):
 
 def test_the_lowest_free_slot_is_taken_first(pipe):
     engine = Engine(pipe.model, slots=3, autostart=False)
+    assert engine.free_slot_ids() == [0, 1, 2]  # the next one to be taken first
     engine.submit([1], 3), engine.submit([2], 3)
     engine.step()
     assert [q.slot for q in engine.running_sequences()] == [0, 1] and engine.free_slot_ids() == [2]
