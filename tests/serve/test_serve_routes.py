@@ -287,3 +287,145 @@ def test_inspect_refuses_more_weights_than_one_response_holds(client, small_pipe
     one = {"prompt": "Hello world", "layers": [0], "heads": [1]}
     assert client.post("/v1/inspect", json=one).status_code == 200
     assert MAX_INSPECT_WEIGHTS == 1 << 24
+
+
+# ------------------------------------------------------------------------------------- what else a route does
+
+
+def _state(client):
+    return client.app.state.inferno
+
+
+def test_while_shutting_down_the_info_and_tokenizer_routes_still_answer(client):
+    state = _state(client)
+    state.draining = True
+    try:
+        r = client.get("/health")
+        assert r.status_code == 503 and r.json()["status"] == "shutting_down"
+        for method, path, body in (("GET", "/v1/models", None), ("GET", "/tokenizer_info", None),
+                                   ("POST", "/tokenize", {"content": "a"}),
+                                   ("POST", "/detokenize", {"tokens": [64]})):
+            assert client.request(method, path, json=body).status_code == 200, path
+        assert client.post("/v1/completions", json={"prompt": "a", "max_tokens": 1}).status_code == 503
+        assert client.post("/v1/inspect", json={"prompt": "a"}).status_code == 503
+    finally:
+        state.draining = False
+    assert client.get("/health").status_code == 200
+
+
+def test_bodies_are_read_as_strict_json(client):
+    r = client.post("/v1/completions", content=b'{"prompt": "a", "temperature": NaN}')
+    _error(r, 400, "invalid JSON in the request body: NaN is not valid JSON (numbers must be finite)", None)
+
+
+@pytest.mark.parametrize("path, body", [("/v1/completions", {"prompt": "a"}),
+                                        ("/v1/chat/completions", {"messages": MESSAGES})])
+def test_logit_bias_ids_are_checked_against_the_sample_limit(client, small_pipe, path, body):
+    limit = small_pipe.sample_limit
+    _error(client.post(path, json={**body, "logit_bias": {str(limit): 1}}), 400,
+           f"logit_bias names token id {limit}, outside the vocabulary [0, {limit})", "logit_bias")
+
+
+@pytest.mark.parametrize("path, body, text", [
+    ("/v1/completions", {"prompt": "Hello"}, lambda c: c["text"]),
+    ("/v1/chat/completions", {"messages": MESSAGES}, lambda c: c["message"]["content"]),
+])
+def test_the_end_of_text_ends_a_completion_unless_ignore_eos(client, path, body, text):
+    eos = {"logit_bias": {"50256": 100}, "max_tokens": 3, "temperature": 0}
+    choice = client.post(path, json={**body, **eos}).json()["choices"][0]
+    assert (choice["finish_reason"], text(choice)) == ("stop", "")
+    choice = client.post(path, json={**body, **eos, "ignore_eos": True}).json()["choices"][0]
+    assert choice["finish_reason"] == "length"
+
+
+def test_an_empty_prompt_is_the_end_of_text_token(client):
+    assert client.post("/v1/completions", json={"prompt": "", "max_tokens": 1}).json()["usage"][
+        "prompt_tokens"] == 1
+
+
+def test_a_chat_template_that_renders_nothing_starts_from_the_end_of_text(small_pipe, small_model_dir):
+    app = create_app(ServeConfig(model_dir=str(small_model_dir), backend="numpy", download=False,
+                                 chat_template="{{ '' }}"), pipeline=small_pipe)
+    with TestClient(app) as c:
+        r = c.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 1})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["prompt_tokens"] == 1
+
+
+def test_a_chat_without_max_tokens_may_run_to_the_end_of_the_context(client, small_pipe):
+    prompt = len(small_pipe.encode("user: Hi there\nassistant:"))
+    r = client.post("/v1/chat/completions", json={"messages": MESSAGES, "temperature": 0, "ignore_eos": True})
+    usage = r.json()["usage"]
+    assert usage["prompt_tokens"] == prompt
+    assert usage["completion_tokens"] == small_pipe.config.n_positions - prompt
+
+
+def test_chat_logprobs_and_metrics(client, small_pipe):
+    before = _metric(client, "inferno_generation_tokens_total")
+    r = client.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 3, "temperature": 0,
+                                                  "ignore_eos": True, "logprobs": True, "top_logprobs": 2})
+    assert r.status_code == 200, r.text
+    content = r.json()["choices"][0]["logprobs"]["content"]
+    assert "".join(e["token"] for e in content) == r.json()["choices"][0]["message"]["content"]
+    assert all(len(e["top_logprobs"]) == 2 for e in content) and len(content) == 3
+    assert _metric(client, "inferno_generation_tokens_total") == before + 3
+    assert not _state(client)._completions  # each completion is let go of when it ends
+
+
+def _metric(client, name: str) -> float:
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split(" ")[1])
+    raise AssertionError(name)
+
+
+def test_a_client_that_leaves_is_answered_499_and_logged_so(client, caplog):
+    import asyncio
+
+    caplog.set_level(logging.INFO, logger="inferno.serve")
+    body = json.dumps({"prompt": "Hello", "max_tokens": 100, "ignore_eos": True}).encode()
+
+    async def leave() -> list:
+        sent, pending = [], [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def receive():
+            if pending:
+                return pending.pop(0)
+            await asyncio.sleep(0.01)
+            return {"type": "http.disconnect"}
+
+        async def send(message):
+            sent.append(message)
+
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+                 "scheme": "http", "path": "/v1/completions", "raw_path": b"/v1/completions",
+                 "query_string": b"", "root_path": "", "client": ("127.0.0.1", 9), "server": ("test", 80),
+                 "headers": [(b"content-type", b"application/json"),
+                             (b"content-length", str(len(body)).encode())]}
+        await client.app(scope, receive, send)
+        return sent
+
+    sent = client.portal.call(leave)
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 499
+    line = _access_line(caplog, "/v1/completions")
+    assert " 499 disconnected " in line and "finish_reasons=-" in line, line
+    assert not _state(client)._completions
+
+
+def test_the_playground_page_is_not_cached(client):
+    r = client.get("/")
+    assert r.status_code == 200 and r.headers["cache-control"] == "no-cache"
+
+
+def test_an_id_the_tokenizer_refuses_is_a_400_naming_tokens(client, small_pipe, monkeypatch):
+    def refuse(ids):
+        raise ValueError(f"no token has id {ids[0]}")
+
+    monkeypatch.setattr(small_pipe.tokenizer, "decode", refuse)  # a vocabulary with a gap in its ids
+    _error(client.post("/detokenize", json={"tokens": [7]}), 400, "no token has id 7", "tokens")
+
+
+def test_tokenizer_info_without_an_end_of_text_token(client, small_pipe, monkeypatch):
+    monkeypatch.setattr(type(small_pipe.tokenizer), "special_tokens", property(lambda self: {}))
+    info = client.get("/tokenizer_info").json()
+    assert (info["eos_token"], info["eos_token_id"], info["special_tokens"]) == ("", 50256, {})
