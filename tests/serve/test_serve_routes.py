@@ -261,30 +261,43 @@ def test_inspect_errors(client, small_pipe):
     _error(client.post("/v1/inspect", json={"prompt": [1] * (c.n_positions + 1)}), 400,
            f"This model's maximum context length is {c.n_positions} tokens, but prompt is "
            f"{c.n_positions + 1} tokens long; shorten it", "prompt", "context_length_exceeded")
-    r = client.post("/v1/inspect", json={"prompt": "Hi", "layers": [c.n_layer]})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "layers", r.text
-    r = client.post("/v1/inspect", json={"prompt": "Hi", "heads": [c.n_head]})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "heads", r.text
-    r = client.post("/v1/inspect", json={"prompt": "Hi", "positions": [99]})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "positions", r.text
+    from inferno.inspect import InspectionError
+
+    # each bad subset is answered with what inspection itself says of it
+    for key, value in (("layers", [c.n_layer]), ("heads", [c.n_head]), ("positions", [99])):
+        with pytest.raises(InspectionError) as info:
+            small_pipe.inspect("Hi", **{key: value})
+        _error(client.post("/v1/inspect", json={"prompt": "Hi", key: value}), 400, str(info.value), key)
+
+
+def test_inspect_takes_id_0_a_whole_context_and_the_end_of_text_in_text(client, small_pipe):
+    n = small_pipe.config.n_positions
+    assert client.post("/v1/inspect", json={"prompt": [0, 1]}).json()["token_ids"] == [0, 1]
+    r = client.post("/v1/inspect", json={"prompt": [1] * n, "layers": [0], "heads": [0], "positions": [0]})
+    assert r.status_code == 200 and len(r.json()["token_ids"]) == n
+    ids = small_pipe.tokenizer.encode("Hi<|endoftext|>", True)
+    assert ids[-1] == 50256  # text is encoded as /v1/completions encodes it: special tokens parsed
+    assert client.post("/v1/inspect", json={"prompt": "Hi<|endoftext|>"}).json()["token_ids"] == ids
 
 
 def test_inspect_refuses_more_weights_than_one_response_holds(client, small_pipe, monkeypatch):
     from inferno.serve.routes import inspect as route
 
     c = small_pipe.config
-    ids = small_pipe.encode("Hello world")
+    text = "Hello world, once more"
+    ids = small_pipe.encode(text)
+    assert len(ids) > 2  # so that len ** 2 is not len * 2
     weights = c.n_layer * c.n_head * len(ids) ** 2
     monkeypatch.setattr(route, "MAX_INSPECT_WEIGHTS", weights - 1)
-    _error(client.post("/v1/inspect", json={"prompt": "Hello world"}), 400,
+    _error(client.post("/v1/inspect", json={"prompt": text}), 400,
            f"the attention of {c.n_layer} layers × {c.n_head} heads over {len(ids)} tokens is {weights} "
            f"weights, more than the {weights - 1} one response holds: ask for fewer layers or heads",
            "layers")
     monkeypatch.setattr(route, "MAX_INSPECT_WEIGHTS", weights)
-    assert client.post("/v1/inspect", json={"prompt": "Hello world"}).status_code == 200
+    assert client.post("/v1/inspect", json={"prompt": text}).status_code == 200
     # one layer and one head: n_layer * n_head times fewer
     monkeypatch.setattr(route, "MAX_INSPECT_WEIGHTS", len(ids) ** 2)
-    one = {"prompt": "Hello world", "layers": [0], "heads": [1]}
+    one = {"prompt": text, "layers": [0], "heads": [1]}
     assert client.post("/v1/inspect", json=one).status_code == 200
     assert MAX_INSPECT_WEIGHTS == 1 << 24
 
@@ -412,9 +425,10 @@ def test_a_client_that_leaves_is_answered_499_and_logged_so(client, caplog):
     assert not _state(client)._completions
 
 
-def test_the_playground_page_is_not_cached(client):
+def test_the_playground_page_is_not_cached_and_its_files_have_a_name(client):
     r = client.get("/")
     assert r.status_code == 200 and r.headers["cache-control"] == "no-cache"
+    assert client.app.url_path_for("static", path="app.js") == "/static/app.js"
 
 
 def test_an_id_the_tokenizer_refuses_is_a_400_naming_tokens(client, small_pipe, monkeypatch):
