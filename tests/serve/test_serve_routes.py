@@ -425,10 +425,9 @@ def test_a_client_that_leaves_is_answered_499_and_logged_so(client, caplog):
     assert not _state(client)._completions
 
 
-def test_the_playground_page_is_not_cached_and_its_files_have_a_name(client):
+def test_the_playground_page_is_not_cached(client):
     r = client.get("/")
     assert r.status_code == 200 and r.headers["cache-control"] == "no-cache"
-    assert client.app.url_path_for("static", path="app.js") == "/static/app.js"
 
 
 def test_an_id_the_tokenizer_refuses_is_a_400_naming_tokens(client, small_pipe, monkeypatch):
@@ -443,3 +442,26 @@ def test_tokenizer_info_without_an_end_of_text_token(client, small_pipe, monkeyp
     monkeypatch.setattr(type(small_pipe.tokenizer), "special_tokens", property(lambda self: {}))
     info = client.get("/tokenizer_info").json()
     assert (info["eos_token"], info["eos_token_id"], info["special_tokens"]) == ("", 50256, {})
+
+
+def test_the_access_log_lists_each_finish_reason_once(client, small_pipe, caplog):
+    caplog.set_level(logging.INFO, logger="inferno.serve")
+    first = small_pipe.generate("Hello", max_new_tokens=1, stop_at_eos=False).text
+    other = next(p for p in ("Ho", "The", "A", "One", "It")
+                 if first not in small_pipe.generate(p, max_new_tokens=3, stop_at_eos=False).text)
+    r = client.post("/v1/completions", json={"prompt": ["Hello", other, other], "max_tokens": 3,
+                                             "temperature": 0, "ignore_eos": True, "stop": [first]})
+    assert sorted(c["finish_reason"] for c in r.json()["choices"]) == ["length", "length", "stop"]
+    assert "finish_reasons=length,stop " in _access_line(caplog, "/v1/completions")
+
+
+def test_events_end_with_one_newline(client):
+    body = {"prompt": "Hello", "max_tokens": 2, "stream": True}
+    with client.stream("POST", "/v1/completions", json=body) as r:
+        raw = b"".join(r.iter_bytes())
+    assert raw.endswith(b"data: [DONE]\n\n") and b"\r" not in raw
+
+
+def test_the_playground_files_have_a_name_to_build_their_urls_from(small_pipe, small_model_dir):
+    app = _app(small_pipe, small_model_dir)
+    assert app.url_path_for("static", path="app.js") == "/static/app.js"
