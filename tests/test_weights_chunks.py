@@ -77,3 +77,12 @@ def test_sums_that_overflow_or_meet_opposite_infinities_do_not_warn(tmp_path, co
         warnings.simplefilter("error")
         with pytest.raises(WeightsError, match="holds 2 non-finite values"):
             load_weights(path, config, order)
+
+
+@pytest.mark.parametrize("chunk", [64, 4096])
+def test_a_float32_tensor_read_in_pieces_is_the_same_tensor(tmp_path, config, sd, monkeypatch, chunk):
+    path = save_tensors(tmp_path / "model.safetensors", sd)
+    monkeypatch.setattr(weights, "READ_CHUNK_BYTES", chunk)  # each piece read where the last one ended
+    got = load_weights(path, config)
+    for name, a in got.items():
+        np.testing.assert_array_equal(a, sd[name], err_msg=name)
