@@ -386,10 +386,8 @@ def _readinto(f: BinaryIO, buf: np.ndarray, info: TensorInfo, path: str | os.Pat
         done += n
 
 
-def _read_plain(f: BinaryIO, info: TensorInfo, path: str | os.PathLike[str], order: str = "C") -> np.ndarray:
-    """Read one tensor as a float32 array in `order` ("C" or "F"; a single allocation for F32 C)."""
-    if order == "F" and len(info.shape) == 2:
-        return _read_transposed(f, info, path)[0]  # not called so (a transposed tensor is read checked)
+def _read_plain(f: BinaryIO, info: TensorInfo, path: str | os.PathLike[str]) -> np.ndarray:
+    """Read one tensor as a C-order float32 array (a single allocation for F32)."""
     if info.dtype == "F32":
         out = np.empty(info.shape, dtype="<f4")
         _readinto(f, out, info, path)
@@ -411,7 +409,8 @@ def _read_plain(f: BinaryIO, info: TensorInfo, path: str | os.PathLike[str], ord
 
 def _read_tensor(f: BinaryIO, info: TensorInfo, path: str | os.PathLike[str], order: str = "C"
                  ) -> tuple[np.ndarray, bool]:
-    """One tensor as a float32 array in `order` (see `_read_plain`), and whether every value is sure to be
+    """One tensor as a float32 array in `order` ("C", or "F" for a 2-D tensor: see `_read_transposed`),
+    and whether every value is sure to be
     finite (False: count them, see `_count_nonfinite`). The check sums each piece right after reading it,
     while it is in the CPU's cache, so it costs next to nothing: a float sum is finite only if every term
     is (NaN and Inf propagate; a sum that overflows is a false alarm the count then clears)."""
