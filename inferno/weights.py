@@ -410,10 +410,10 @@ def _read_plain(f: BinaryIO, info: TensorInfo, path: str | os.PathLike[str]) -> 
 def _read_tensor(f: BinaryIO, info: TensorInfo, path: str | os.PathLike[str], order: str = "C"
                  ) -> tuple[np.ndarray, bool]:
     """One tensor as a float32 array in `order` ("C", or "F" for a 2-D tensor: see `_read_transposed`),
-    and whether every value is sure to be
-    finite (False: count them, see `_count_nonfinite`). The check sums each piece right after reading it,
-    while it is in the CPU's cache, so it costs next to nothing: a float sum is finite only if every term
-    is (NaN and Inf propagate; a sum that overflows is a false alarm the count then clears)."""
+    and whether every value is sure to be finite (False: count them, see `_count_nonfinite`). The check
+    sums each piece right after reading it, while it is in the CPU's cache, so it costs next to nothing:
+    a float sum is finite only if every term is (NaN and Inf propagate; a sum that overflows is a false
+    alarm the count then clears)."""
     if order == "F" and len(info.shape) == 2:
         return _read_transposed(f, info, path)
     with np.errstate(over="ignore", invalid="ignore"):
