@@ -1,5 +1,5 @@
-"""What the command-line tests share: an offline environment, the one-line error check, and the check
-of a JSONL job's reports of malformed lines."""
+"""What the command-line tests share: an offline environment, the one-line error check, the check
+of a JSONL job's reports of malformed lines, and a stand-in for stdin."""
 
 from __future__ import annotations
 
@@ -92,3 +92,23 @@ def run_inferno(args: list[str], env: dict[str, str], *, cwd: Path | None = None
         os.environ.update(saved_env)
     text = [b.getvalue().decode("utf-8", "replace").replace("\r\n", "\n") for b in (out, err)]
     return subprocess.CompletedProcess(["inferno", *args], code, *text)
+
+
+class FakeStdin:
+    """A stdin holding `data` (None: endless, like /dev/zero) that fails the test on a read without a
+    bound: what reads stdin must never ask for all of it. `isatty()` answers `tty`."""
+
+    def __init__(self, data: bytes | None, tty: bool = False) -> None:
+        self.data, self.tty, self.at = data, tty, 0
+        self.buffer = self
+
+    def isatty(self) -> bool:
+        return self.tty
+
+    def read(self, n: int | None = -1) -> bytes:
+        assert n is not None and n >= 0, "stdin read without a bound"
+        if self.data is None:
+            return b"x" * n
+        out = self.data[self.at : self.at + n]
+        self.at += len(out)
+        return out

@@ -11,6 +11,7 @@ import types
 from dataclasses import dataclass
 
 import pytest
+from cli_helpers import FakeStdin
 
 from inferno.cli import _args
 from inferno.cli._args import (
@@ -144,44 +145,22 @@ def test_count():
                                                                              "2 texts")
 
 
-class _Stdin:
-    def __init__(self, data: bytes, tty: bool = False) -> None:
-        self.buffer, self.tty = io.BytesIO(data), tty
-
-    def isatty(self) -> bool:
-        return self.tty
-
-
 def test_stdin_is_read_up_to_its_limit(monkeypatch):
-    monkeypatch.setattr(sys, "stdin", _Stdin(b"12345678"))
+    monkeypatch.setattr(sys, "stdin", FakeStdin(b"12345678"))
     assert read_stdin(8) == b"12345678"
-    monkeypatch.setattr(sys, "stdin", _Stdin(b"123456789"))
+    monkeypatch.setattr(sys, "stdin", FakeStdin(b"123456789"))
     with pytest.raises(CliError) as info:
         read_stdin(8, "a prompt")
     assert str(info.value) == "stdin: more than the 8-byte limit for a prompt"
-    monkeypatch.setattr(sys, "stdin", _Stdin(b"123456789"))
+    monkeypatch.setattr(sys, "stdin", FakeStdin(b"123456789"))
     with pytest.raises(CliError) as info:
         read_stdin(8)
     assert str(info.value) == "stdin: more than the 8-byte limit for a text"
     assert _args.MAX_TEXT_BYTES == 64 << 20
 
 
-class _EndlessStdin:
-    """Like /dev/zero: any number of bytes; a read without a bound fails the test."""
-
-    def __init__(self) -> None:
-        self.buffer = self
-
-    def isatty(self) -> bool:
-        return False
-
-    def read(self, n: int | None = -1) -> bytes:
-        assert n is not None and n >= 0, "stdin read without a bound"
-        return b"x" * n
-
-
 def test_an_endless_stdin_is_read_only_past_the_limit(monkeypatch):
-    monkeypatch.setattr(sys, "stdin", _EndlessStdin())
+    monkeypatch.setattr(sys, "stdin", FakeStdin(None))
     with pytest.raises(CliError) as info:
         read_stdin(8)
     assert str(info.value) == "stdin: more than the 8-byte limit for a text"
@@ -200,13 +179,13 @@ def test_read_text_from_a_file_or_stdin(tmp_path, monkeypatch):
     f = tmp_path / "t.txt"
     f.write_bytes("\ufeffhé".encode())
     assert read_text(str(f)) == "hé"  # the byte-order mark is not part of the text
-    monkeypatch.setattr(sys, "stdin", _Stdin(b"ok\n"))
+    monkeypatch.setattr(sys, "stdin", FakeStdin(b"ok\n"))
     assert read_text("-") == "ok\n"
-    monkeypatch.setattr(sys, "stdin", _Stdin(b"\xff"))
+    monkeypatch.setattr(sys, "stdin", FakeStdin(b"\xff"))
     with pytest.raises(CliError) as info:
         read_text("-")
     assert str(info.value) == "stdin: not UTF-8 text (byte 0xff at offset 0)"
-    monkeypatch.setattr(sys, "stdin", _Stdin(b"", tty=True))
+    monkeypatch.setattr(sys, "stdin", FakeStdin(b"", tty=True))
     with pytest.raises(CliError) as info:
         read_text("-")
     assert str(info.value) == "give a FILE to score, or pipe the text in: inferno score - < FILE"

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_helpers import FakeStdin
 
 from inferno.jobs import output
 from inferno.jobs.lines import JobError
@@ -137,33 +138,18 @@ def test_a_symlink_loop_as_out_is_an_error_when_opened_not_a_traceback(tmp_path)
 # ------------------------------------------------------------------------------------- read_input
 
 
-class _Stdin:
-    """A stdin of `size` bytes (None: endless, like /dev/zero) that refuses an unbounded read."""
-
-    def __init__(self, size: int | None, tty: bool = False) -> None:
-        self.size, self.tty = size, tty
-        self.buffer = self
-
-    def isatty(self) -> bool:
-        return self.tty
-
-    def read(self, n: int | None = -1) -> bytes:
-        assert n is not None and n >= 0, "stdin read without a bound"
-        return b"x" * (n if self.size is None else min(n, self.size))
-
-
 def test_stdin_is_read_up_to_its_bound(monkeypatch):
     monkeypatch.setattr(output, "MAX_INPUT_BYTES", 8)
-    monkeypatch.setattr(sys, "stdin", _Stdin(8))
+    monkeypatch.setattr(sys, "stdin", FakeStdin(b"x" * 8))
     assert read_input("-", "inferno batch") == b"x" * 8  # exactly the limit: all of it
-    monkeypatch.setattr(sys, "stdin", _Stdin(None))
+    monkeypatch.setattr(sys, "stdin", FakeStdin(None))
     with pytest.raises(JobError) as info:
         read_input("-", "inferno batch")
     assert str(info.value) == "stdin: more than the 8-byte limit for a JSONL file"
 
 
 def test_a_terminal_as_stdin_says_how_to_give_the_input(monkeypatch):
-    monkeypatch.setattr(sys, "stdin", _Stdin(0, tty=True))
+    monkeypatch.setattr(sys, "stdin", FakeStdin(b"", tty=True))
     with pytest.raises(JobError) as info:
         read_input("-", "inferno batch")
     assert str(info.value) == ("give an IN.jsonl file, or pipe the requests in: "
