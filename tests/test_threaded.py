@@ -12,6 +12,7 @@ import sys
 import textwrap
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -310,6 +311,69 @@ def test_keyboard_interrupt_in_the_caller_leaves_the_pool_usable():
         pool.close()
 
 
+@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="needs the main thread")
+def test_ctrl_c_while_the_caller_waits_leaves_every_helper_free():
+    """Ctrl-C lands while the caller waits for a helper's task: the helper finishes it, then takes part
+    in the next call (nothing the caller held is left held), and close() stops it at once."""
+    pool = WorkerPool(2)
+    main = threading.current_thread()
+    started, release = threading.Event(), threading.Event()
+
+    def task(i):
+        if threading.current_thread() is main:
+            started.wait(10)  # the helper has task 1 before the caller claims past the end
+        else:
+            started.set()
+            release.wait(10)
+
+    def ctrl_c():
+        started.wait(10)
+        time.sleep(0.2)  # the caller is waiting for the helper by now
+        import _thread
+        _thread.interrupt_main()
+
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)  # even when run with SIGINT ignored
+    try:
+        threading.Thread(target=ctrl_c).start()
+        with pytest.raises(KeyboardInterrupt):
+            pool.run(task, 2)
+        release.set()
+        barrier = threading.Barrier(2, timeout=10)  # both threads must take a task
+        pool.run(lambda i: barrier.wait(), 2)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            pool.close()
+    finally:
+        signal.signal(signal.SIGINT, handler)
+        release.set()
+        pool.close()
+    assert not any(t.is_alive() for t in pool._helpers)
+
+
+def test_close_names_a_helper_that_did_not_stop():
+    pool = WorkerPool(2)
+    main = threading.current_thread()
+    started, release = threading.Event(), threading.Event()
+
+    def task(i):
+        if threading.current_thread() is main:
+            started.wait(10)
+            raise ValueError("the caller leaves while the helper is still in its task")
+        started.set()
+        release.wait(10)
+
+    try:
+        with pytest.raises(ValueError):
+            pool.run(task, 2)
+        with pytest.warns(RuntimeWarning, match=r"^cpu-threaded: worker thread inferno-cpu-threaded-1 did "
+                                                r"not stop within 0\.1 s$"):
+            pool.close(timeout=0.1)
+    finally:
+        release.set()
+    pool._helpers[0].join(10)
+    assert not pool._helpers[0].is_alive()
+
+
 def test_close_joins_threads_and_is_idempotent():
     before = helper_threads()
     be = ThreadedBackend(threads=4, **FORCED)
@@ -420,7 +484,7 @@ def test_ctrl_c_during_pooled_work_exits_promptly():
     """))
     assert proc.returncode == -signal.SIGINT, proc.stderr
     assert "left: []" in proc.stdout
-    assert seconds < 5
+    assert "did not stop" not in proc.stderr  # close() would have waited its 10 s for a blocked helper
 
 
 def test_ctrl_c_in_the_cli_exits_130(tmp_path):
@@ -440,7 +504,7 @@ def test_ctrl_c_in_the_cli_exits_130(tmp_path):
     """), wait_for_output=True)
     assert proc.returncode == 130, proc.stderr
     assert "interrupted" in proc.stderr
-    assert seconds < 5
+    assert "did not stop" not in proc.stderr
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")

@@ -74,6 +74,7 @@ import math
 import os
 import queue
 import threading
+import warnings
 import weakref
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -257,23 +258,27 @@ class WorkerError(RuntimeError):
 
 
 class _Batch:
-    """One parallel call: tasks 0..n-1, claimed one at a time by whichever thread is free."""
+    """One parallel call: tasks 0..n-1, claimed one at a time by whichever thread is free.
 
-    __slots__ = ("fn", "n", "claim", "cancelled", "error", "active", "cond")
+    The caller waits for the helpers without holding a lock: Ctrl-C can interrupt it between any two
+    bytecodes, and a lock taken in Python code (a `threading.Condition`) can then stay held for good,
+    every helper blocked on it. So helpers count themselves in with `list.append` (atomic under the
+    GIL) and report on `done`, a C queue whose `get` Ctrl-C interrupts with nothing held."""
+
+    __slots__ = ("fn", "n", "claim", "cancelled", "errors", "entered", "done")
 
     def __init__(self, fn: Callable[[int], None], n: int) -> None:
         self.fn = fn
         self.n = n
         self.claim = itertools.count().__next__  # atomic under the GIL
         self.cancelled = False
-        self.error: BaseException | None = None
-        self.active = 0  # helpers inside work()
-        self.cond = threading.Condition(threading.Lock())
+        self.errors: list[BaseException] = []  # the first is re-raised in the caller
+        self.entered: list[None] = []  # one entry per helper that began work()
+        self.done: queue.SimpleQueue = queue.SimpleQueue()  # one item per helper that left it
 
     def work(self) -> None:
         """Run tasks until none are left (in a helper thread); record the first exception."""
-        with self.cond:
-            self.active += 1
+        self.entered.append(None)
         try:
             while not self.cancelled:
                 i = self.claim()
@@ -283,14 +288,9 @@ class _Batch:
                     self.fn(i)
                 except BaseException as exc:  # noqa: BLE001 - handed to the caller, which re-raises it
                     self.cancelled = True
-                    with self.cond:
-                        if self.error is None:
-                            self.error = exc
+                    self.errors.append(exc)
         finally:
-            with self.cond:
-                self.active -= 1
-                if not self.active:
-                    self.cond.notify_all()
+            self.done.put(None)
 
 
 class WorkerPool:
@@ -329,9 +329,9 @@ class WorkerPool:
             return
         self._check_helpers()
         batch = _Batch(fn, n)
-        for q in self._queues[: n - 1]:
-            q.put(batch)
         try:
+            for q in self._queues[: n - 1]:
+                q.put(batch)
             while not batch.cancelled:
                 i = batch.claim()
                 if i >= n:
@@ -343,14 +343,19 @@ class WorkerPool:
             # to this call's buffers, which nobody reads any more).
             batch.cancelled = True
             raise
-        if batch.error is not None:
-            raise batch.error
+        if batch.errors:
+            raise batch.errors[0]
 
     def _wait(self, batch: _Batch) -> None:
-        with batch.cond:
-            while batch.active:
-                # Helpers only die by a bug or an injected exception; never wait forever on one.
-                if not batch.cond.wait(timeout=0.5):
+        """Until every helper that began `batch` has left it. Every task is claimed (or the call was
+        cancelled) by now, so a helper that begins it later runs nothing."""
+        for _ in range(len(batch.entered)):
+            while True:
+                try:
+                    batch.done.get(timeout=0.5)
+                    break
+                except queue.Empty:
+                    # Helpers only die by a bug or an injected exception; never wait forever on one.
                     self._check_helpers()
 
     def _check_helpers(self) -> None:
@@ -372,6 +377,10 @@ class WorkerPool:
         for t in self._helpers:
             if t is not me:
                 t.join(timeout)
+        if stuck := [t.name for t in self._helpers if t is not me and t.is_alive()]:
+            # A bug, never a wait: say so rather than leave a process that took `timeout` s to stop.
+            warnings.warn(f"cpu-threaded: worker thread {', '.join(stuck)} did not stop within {timeout:g} s",
+                          RuntimeWarning, stacklevel=2)
 
     @property
     def closed(self) -> bool:
