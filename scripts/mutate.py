@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import configparser
+import importlib.util
 import io
 import os
 import re
@@ -90,10 +91,13 @@ def workdir(name: str, files: list[str], tests: list[str], deselect: list[str],
     return work
 
 
+TEST_TIMEOUT: float | None = None  # --test-timeout: pytest-timeout's --timeout, for setup.cfg's
+
+
 def configure(work: Path, files: list[str], tests: list[str], deselect: list[str],
               timeout_constant: float | None = None) -> None:
     """`work`'s setup.cfg: the repository's, with [mutmut] narrowed to `files` and `tests` (and
-    mutmut's `timeout_constant` set, when given)."""
+    mutmut's `timeout_constant` and the tests' time limit set, when given)."""
     cfg = configparser.ConfigParser()
     cfg.read(ROOT / "setup.cfg")
     if timeout_constant is not None:
@@ -101,6 +105,8 @@ def configure(work: Path, files: list[str], tests: list[str], deselect: list[str
     cfg["mutmut"]["only_mutate"] = "\n" + "\n".join(files)
     cfg["mutmut"]["pytest_add_cli_args_test_selection"] = "\n" + "\n".join(tests)
     extra = cfg["mutmut"].get("pytest_add_cli_args", "").split()
+    if TEST_TIMEOUT is not None:
+        extra[extra.index("--timeout") + 1] = f"{TEST_TIMEOUT:g}"
     for test in deselect:
         extra += ["--deselect", test]
     cfg["mutmut"]["pytest_add_cli_args"] = "\n" + "\n".join(extra)
@@ -180,12 +186,17 @@ def main() -> int:
     p.add_argument("--max-children", type=int, metavar="N",
                    help="mutants tested at once (mutmut's default: one per CPU); 1 on a shared machine")
     p.add_argument("--timeout-constant", type=float, metavar="S",
-                   help="mutmut's timeout_constant (default 1): a mutant's wall-clock limit is (its tests' "
-                        "time in the stats run + S) x timeout_multiplier, so tests of milliseconds get 5 s, "
-                        "too little for a niced process on a loaded machine")
+                   help="mutmut's timeout_constant (setup.cfg: 20): a mutant's wall-clock limit is "
+                        "(its tests' time in the stats run + S) x timeout_multiplier (5)")
+    p.add_argument("--test-timeout", type=float, metavar="S",
+                   help="each test's time limit (pytest-timeout; setup.cfg: 60): a mutant that hangs a test "
+                        "is then a kill, counted as hung, instead of sleeping until mutmut's limit")
     args = p.parse_args()
-    global MAX_CHILDREN
-    MAX_CHILDREN = args.max_children
+    global MAX_CHILDREN, TEST_TIMEOUT
+    MAX_CHILDREN, TEST_TIMEOUT = args.max_children, args.test_timeout
+    if importlib.util.find_spec("pytest_timeout") is None:
+        p.error("the mutation environment needs pytest-timeout (setup.cfg's --timeout): "
+                "pip install mutmut==3.8.1 pytest-timeout")
     if args.list or not args.module:
         for name, (files, tests, deselect) in TESTS.items():
             print(f"{name}: {' '.join(files)}\n    tests: {' '.join(tests)}"

@@ -6,8 +6,10 @@
 
 Reads mutmut's per-file results (DIR/**/*.py.meta) and the equivalent or message-only mutants listed in
 docs/mutation.md (lines starting with "- `inferno....__mutmut_N`"). A mutant counts as killed when a test
-failed on it (or its test process crashed). A timeout is not a kill here: it is counted on its own, left
-out of the score, and named with --survivors, so that it can be re-run alone (`mutmut run NAME`).
+failed on it (or its test process crashed); one whose tests failed only by running into their time
+limit (pytest-timeout, exit 70 from tests/conftest.py) is a kill too, named "hung" with --survivors. A
+timeout (mutmut's own limit) is not a kill: it is counted on its own, left out of the score, and named
+with --survivors, so that it can be re-run alone (`mutmut run NAME`).
 """
 
 from __future__ import annotations
@@ -26,11 +28,16 @@ LISTED = re.compile(r"^- `(inferno\.[^`]+__mutmut_\d+)`", re.M)
 # that breaks what the tests' collection imports); and its timeouts (its own, or SIGXCPU).
 KILLED = {1, 3, 255}
 TIMEOUT = {36, 24, -24, 152}
+# A session whose only failure was a test running into pytest-timeout's limit (tests/conftest.py's
+# MUTATION_HANG_EXIT): the mutant hangs the tests. A kill, counted apart from the assertions' kills.
+HUNG = 70
 
 
 def status(code: int | None) -> str:
     if code in KILLED:
         return "killed"
+    if code == HUNG:
+        return "hung"
     if code in TIMEOUT:
         return "timeout"
     return {0: "survived", None: "not checked", 5: "no tests", 33: "no tests", 2: "interrupted"}.get(
@@ -60,13 +67,14 @@ def main(argv: list[str] | None = None) -> int:
         if counts["not checked"] == len(codes):
             continue
         module = str(meta.relative_to(args.mutants)).removesuffix(".py.meta").replace("/", ".")
-        killed, timeouts = counts["killed"], counts["timeout"]
+        killed, timeouts = counts["killed"] + counts["hung"], counts["timeout"]
         equivalent = sum(1 for k, c in codes.items() if k in listed and status(c) == "survived")
         scored = len(codes) - timeouts  # a timeout is neither a kill nor a survivor until re-run
         print(f"| {module.removeprefix('inferno.')} | {len(codes)} | {killed} | {timeouts} | "
               f"{killed / max(1, scored):.1%} | {equivalent} | {killed / max(1, scored - equivalent):.1%} |")
         left += [(k, status(c)) for k, c in codes.items()
-                 if status(c) != "killed" and not (k in listed and status(c) == "survived")]
+                 if status(c) not in ("killed", "hung") and not (k in listed and status(c) == "survived")]
+        left += [(k, "hung (killed by the test time limit)") for k, c in codes.items() if status(c) == "hung"]
         other = {s: n for s, n in counts.items() if s not in ("killed", "survived", "timeout")}
         if other:
             print(f"|   ({module}: {other}) | | | | | | |", file=sys.stderr)

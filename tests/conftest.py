@@ -52,6 +52,24 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: per_file[item.nodeid.split("::")[0]])
 
 
+#: Exit status of a mutant's test session that failed only by running into pytest-timeout's limit (the
+#: mutation environment's ``--timeout``): scripts/mutation_report.py counts such a mutant as hung, beside
+#: the kills, so that a hang is never reported as an assertion catching the mutant.
+MUTATION_HANG_EXIT = 70
+_timed_out: list[str] = []
+
+
+def pytest_runtest_logreport(report):
+    under_mutation = os.environ.get("MUTANT_UNDER_TEST")
+    if report.failed and under_mutation and "from pytest-timeout" in str(report.longrepr):
+        _timed_out.append(report.nodeid)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _timed_out and exitstatus == pytest.ExitCode.TESTS_FAILED:
+        session.exitstatus = MUTATION_HANG_EXIT
+
+
 def pytest_generate_tests(metafunc):
     # The `backend` fixture's parameters are worked out here, when a test that uses it is collected, not
     # when this file is imported: then a registry that fails (a mutant under mutation testing, a broken
