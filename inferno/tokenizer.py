@@ -85,14 +85,13 @@ def bytes_to_unicode() -> dict[int, str]:
     U+0100 onwards, so that every token is a readable string without whitespace.
     """
     keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    chars = list(keep)
+    table = {b: chr(b) for b in keep}
     n = 0
     for b in range(256):
-        if b not in keep:
-            keep.append(b)
-            chars.append(256 + n)
+        if b not in table:
+            table[b] = chr(256 + n)
             n += 1
-    return {b: chr(c) for b, c in zip(keep, chars, strict=True)}
+    return table
 
 
 _BYTE_TO_CHAR = bytes_to_unicode()
@@ -108,11 +107,11 @@ _DECODE_TABLE.update({b: "\uffff" for b in range(256) if b not in _DECODE_TABLE}
 def _to_byte_level(piece: str) -> str:
     """The byte-level spelling of a piece of text: its UTF-8 bytes, one character per byte."""
     try:
-        raw = piece.encode("utf-8")
+        raw = piece.encode()
     except UnicodeEncodeError:
         # Lone surrogates cannot be encoded; like tiktoken, replace them with U+FFFD (a valid surrogate
         # pair is joined into its character on the way).
-        raw = piece.encode("utf-16", "surrogatepass").decode("utf-16", "replace").encode("utf-8")
+        raw = piece.encode("utf-16", "surrogatepass").decode("utf-16", "replace").encode()
     return raw.decode("latin-1").translate(_ENCODE_TABLE)
 
 
@@ -274,7 +273,7 @@ class Tokenizer:
                 raise fail(f"id {i} is used by two tokens in model.vocab")
             id_to_bytes[i] = raw
             try:
-                base[raw.decode("utf-8")] = (i,)
+                base[raw.decode()] = (i,)
             except UnicodeDecodeError:
                 pass  # part of a multi-byte character: never a whole piece of text
         for text in [t for t in base if not t.isascii() and _has_newer_chars(t)]:
@@ -283,7 +282,7 @@ class Tokenizer:
         for text, i in special_tokens.items():
             if not isinstance(text, str) or not text:
                 raise fail(f"special token {text!r} is not a non-empty string")
-            raw = text.encode("utf-8")
+            raw = text.encode()
             if i in special_of:
                 raise fail(f"added tokens {special_of[i]!r} and {text!r} share id {i}")
             special_of[i] = text
@@ -346,10 +345,9 @@ class Tokenizer:
                             f"model.merges[{rank}] ({merge!r}) uses {token!r}, which is not in model.vocab"
                         )
             raise fail("model.merges has a token with a space in it")
-        ranks = dict(zip(keys, range(len(keys)), strict=True))
-        if len(ranks) < len(keys):
-            # A merge is listed twice: keep its first (highest-priority) rank, by building back to front.
-            ranks = dict(zip(reversed(keys), range(len(keys) - 1, -1, -1), strict=True))
+        ranks: dict[str, int] = {}
+        for rank, key in enumerate(keys):
+            ranks.setdefault(key, rank)  # a merge listed twice keeps its first (highest-priority) rank
         return ranks
 
     # ----------------------------------------------------------------------------------------- loading
@@ -554,7 +552,7 @@ class Tokenizer:
 
     def decode(self, ids: Iterable[int]) -> str:
         """Ids to text. Invalid UTF-8 becomes U+FFFD, exactly as with ``bytes.decode(errors="replace")``."""
-        return b"".join(map(self._token_bytes, ids)).decode("utf-8", "replace")
+        return b"".join(map(self._token_bytes, ids)).decode(errors="replace")
 
     def incremental_decoder(self) -> IncrementalDecoder:
         """A decoder for streaming: feed it one id at a time."""
