@@ -9,6 +9,7 @@ import math
 import re
 import sys
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -24,25 +25,30 @@ class Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def number(kind: type, check: Callable[[float], bool], expected: str) -> Callable[[str], float]:
-    def parse(text: str):
+class Number(NamedTuple):
+    """An argparse type: `kind(text)`, refused with "expected {expected}, got ..." unless `check`
+    holds for it. A tuple with `__call__` rather than a closure, so that its code runs when a flag is
+    parsed, under a test, not when this module is imported (where mutation testing cannot see it)."""
+
+    kind: type
+    check: Callable[[float], bool]
+    expected: str
+
+    def __call__(self, text: str):
         try:
-            value = kind(text)
+            value = self.kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
-        if not check(value):
-            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+            raise argparse.ArgumentTypeError(f"expected {self.expected}, got {text!r}") from None
+        if not self.check(value):
+            raise argparse.ArgumentTypeError(f"expected {self.expected}, got {text!r}")
         return value
 
-    parse.__name__ = expected  # argparse shows this name in its messages
-    return parse
 
-
-temperature = number(float, lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0")
-top_p = number(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
-non_negative = number(int, lambda v: v >= 0, "an integer >= 0")
-positive = number(int, lambda v: v >= 1, "an integer >= 1")
-seed = number(int, lambda v: v >= 0, "an integer >= 0")
+temperature = Number(float, lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0")
+top_p = Number(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
+non_negative = Number(int, lambda v: v >= 0, "an integer >= 0")
+positive = Number(int, lambda v: v >= 1, "an integer >= 1")
+seed = Number(int, lambda v: v >= 0, "an integer >= 0")
 
 
 ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", '"': '"', "'": "'"}
@@ -127,7 +133,7 @@ def read_text(name: str, flag: str = "") -> str:
 def decode_text(data: bytes, name: str) -> str:
     """`data` as UTF-8 text, a leading byte-order mark dropped (it is not part of the text)."""
     try:
-        text = data.decode("utf-8")
+        text = data.decode()
     except UnicodeDecodeError as exc:
         bad = f"byte 0x{data[exc.start]:02x} at offset {exc.start}"
         raise CliError(f"{name}: not UTF-8 text ({bad})") from None
@@ -184,7 +190,7 @@ def _address(text: str) -> str:
 _address.__name__ = "--ray ADDRESS"
 
 
-_positive_float = number(float, lambda v: math.isfinite(v) and v > 0, "a number > 0")
+_positive_float = Number(float, lambda v: math.isfinite(v) and v > 0, "a number > 0")
 
 
 def without_ray(args: argparse.Namespace, extra: Sequence[str] = ()) -> str | None:

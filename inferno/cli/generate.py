@@ -24,6 +24,7 @@ from inferno import __version__
 from inferno.cli._args import (
     EXIT_INTERRUPTED,
     CliError,
+    Number,
     Parser,
     add_model_args,
     bias,
@@ -31,7 +32,6 @@ from inferno.cli._args import (
     decode_text,
     load,
     non_negative,
-    number,
     read_stdin,
     read_text,
     seed,
@@ -69,11 +69,11 @@ def _generate_parser() -> argparse.ArgumentParser:
                    help="sample = temperature 0.8 + top-k 40; explicit flags override it")
     arg("--stop", metavar="S", action="append", type=unescape,
         help="stop before this text (repeatable, up to 16; \\n, \\t, \\\\ are read as escapes)")
-    arg("--repetition-penalty", metavar="R", type=number(float, math.isfinite, "a number"),
+    arg("--repetition-penalty", metavar="R", type=Number(float, math.isfinite, "a number"),
         help="divide a seen token's logit by R (multiply if negative); 1 = off, > 1 repeats less")
-    arg("--presence-penalty", metavar="P", type=number(float, math.isfinite, "a number"),
+    arg("--presence-penalty", metavar="P", type=Number(float, math.isfinite, "a number"),
         help="subtract P from the logit of every token generated so far; in [-2, 2], 0 = off")
-    arg("--frequency-penalty", metavar="F", type=number(float, math.isfinite, "a number"),
+    arg("--frequency-penalty", metavar="F", type=Number(float, math.isfinite, "a number"),
         help="subtract F times its count from a generated token's logit; in [-2, 2], 0 = off")
     arg("--logit-bias", metavar="ID=BIAS", action="append", type=bias,
         help="add BIAS in [-100, 100] to token ID's logit (repeatable; -100 bans it)")

@@ -19,15 +19,15 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from inferno.cli._args import EXIT_USAGE, Parser, add_model_args, non_negative, number, positive
+from inferno.cli._args import EXIT_USAGE, Number, Parser, add_model_args, non_negative, positive
 from inferno.engine import DEFAULT_PREFILL_CHUNK, DEFAULT_QUEUE, DEFAULT_SLOTS
 from inferno.serve.config import BODY_TIMEOUT, HEADER_TIMEOUT, MAX_CONNECTIONS, ServeConfig
 
 _EXTRA = ("fastapi", "uvicorn", "sse_starlette", "prometheus_client")
 
 
-_port = number(int, lambda v: 0 <= v <= 65535, "a port number in [0, 65535]")
-_seconds = number(float, lambda v: math.isfinite(v) and v >= 0, "a number of seconds >= 0")
+_port = Number(int, lambda v: 0 <= v <= 65535, "a port number in [0, 65535]")
+_seconds = Number(float, lambda v: math.isfinite(v) and v >= 0, "a number of seconds >= 0")
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -7,18 +7,17 @@ from typing import Any
 from fastapi.responses import JSONResponse, Response
 
 from inferno.serve.routes.common import ERRORS, new_router
-from inferno.serve.schemas import Health, ModelList
+from inferno.serve.schemas import Health, ModelCard, ModelList
 from inferno.serve.state import State
 
 router = new_router()
 
 
-async def models(state: State) -> dict:
+async def models(state: State) -> ModelList:
     """The one model: its id is --served-model-name, else the --model-dir folder's name, else "gpt2"."""
     pipe = state.require(draining_ok=True)
-    card = {"id": state.config.model_id, "object": "model", "created": state.started, "owned_by": "inferno",
-            "max_model_len": pipe.config.n_positions}
-    return {"object": "list", "data": [card]}
+    card = ModelCard(id=state.config.model_id, created=state.started, max_model_len=pipe.config.n_positions)
+    return ModelList(data=[card])
 
 router.add_api_route("/v1/models", models, methods=["GET"], response_model=ModelList,
                      responses={503: ERRORS[503]})
