@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import sys
 from pathlib import Path
@@ -97,3 +98,28 @@ def test_mutate_script_resolves_a_package_file_before_a_module_of_the_same_name(
     assert mutate.resolve("cli/_args")[0] == "args"
     assert mutate.resolve("serve/schemas")[0] == "schemas"
     assert mutate.resolve("jobs/nothing") is None
+
+
+def test_mutation_report_counts_a_hung_mutant_as_killed_and_names_it(tmp_path, capsys):
+    # mutmut's exit codes per mutant: 1 a test failed, 70 only the tests' time limit did (conftest), 0
+    # survived, 36 mutmut's own time limit (left out of the score).
+    import importlib.util
+
+    from conftest import MUTATION_HANG_EXIT
+
+    spec = importlib.util.spec_from_file_location("mutation_report", ROOT / "scripts" / "mutation_report.py")
+    assert spec is not None and spec.loader is not None
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    assert report.HUNG == MUTATION_HANG_EXIT
+    meta = tmp_path / "inferno" / "engine.py.meta"
+    meta.parent.mkdir()
+    codes = {"inferno.engine.x_a__mutmut_1": 1, "inferno.engine.x_a__mutmut_2": MUTATION_HANG_EXIT,
+             "inferno.engine.x_a__mutmut_3": 0, "inferno.engine.x_a__mutmut_4": 36}
+    meta.write_text(json.dumps({"exit_code_by_key": codes}))
+    assert report.main(["--mutants", str(tmp_path), "--survivors"]) == 0
+    out, err = capsys.readouterr()
+    assert "| engine | 4 | 2 | 1 | 66.7% | 0 | 66.7% |" in out
+    assert "hung (killed by the test time limit): inferno.engine.x_a__mutmut_2" in out
+    assert "survived: inferno.engine.x_a__mutmut_3" in out and "timeout: inferno.engine.x_a__mutmut_4" in out
+    assert "{'hung': 1}" in err
