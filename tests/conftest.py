@@ -50,6 +50,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         per_file[item.nodeid.split("::")[0]] += durations.get(item.nodeid, 0.0)
     items.sort(key=lambda item: per_file[item.nodeid.split("::")[0]])
+    # The tests' time limit (--timeout, pytest-timeout) is for a test that hangs, never for one that is
+    # slow on a loaded machine: a test gets ten times what it took in the stats run, when that is more.
+    if base := getattr(config.option, "timeout", None):
+        for item in items:
+            if 10 * durations.get(item.nodeid, 0.0) > base:
+                item.add_marker(pytest.mark.timeout(10 * durations[item.nodeid]))
 
 
 #: Exit status of a mutant's test session that failed only by running into pytest-timeout's limit (the
