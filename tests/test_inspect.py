@@ -68,11 +68,13 @@ def test_a_prefix_gives_the_prefix_rows(model, t, k, seed):
     k = min(k, t)
     ids = np.random.default_rng(seed).integers(0, CONFIG.vocab_size, t).tolist()
     full, prefix = inspect_ids(model, ids, top=3), inspect_ids(model, ids[:k], top=3)
-    np.testing.assert_allclose(prefix.attention, full.attention[:, :, :k, :k], atol=1e-6, rtol=0)
+    # float32: BLAS blocks a k-row and a t-row matmul differently, and the few ulp that moves reach
+    # 1.1e-6 in a probability after the layers (seen in CI); 1e-5 is the file's float32 tolerance.
+    np.testing.assert_allclose(prefix.attention, full.attention[:, :, :k, :k], atol=1e-5, rtol=0)
     for layer in range(CONFIG.n_layer + 1):
         for pos in range(k):
             a, b = prefix.logit_lens[layer][pos], full.logit_lens[layer][pos]
-            np.testing.assert_allclose([p for _, p in a], [p for _, p in b], atol=1e-6)
+            np.testing.assert_allclose([p for _, p in a], [p for _, p in b], atol=1e-5)
 
 
 @pytest.mark.parametrize("spec", ["numpy", "half:dtype=bfloat16"])

@@ -350,6 +350,43 @@ def test_ctrl_c_while_the_caller_waits_leaves_every_helper_free():
     assert not any(t.is_alive() for t in pool._helpers)
 
 
+def test_a_call_returns_only_after_every_helper_left_it():
+    """A helper that comes late (busy with something else when the call began) finds no task left and
+    reports at once: the caller must still wait for the one that is in a task."""
+    pool = WorkerPool(3)
+    gate, started, release = threading.Event(), threading.Event(), threading.Event()
+    main, finished = threading.current_thread(), []
+
+    class Busy:  # what keeps the second helper from the call until the gate opens
+        def work(self):
+            gate.wait(10)
+
+    def task(i):
+        if threading.current_thread() is main:
+            started.wait(10)  # a helper has its task first
+        elif not started.is_set():
+            started.set()
+            release.wait(10)
+        finished.append(i)
+
+    def later():
+        started.wait(10)
+        time.sleep(0.2)
+        gate.set()  # the late helper reports while the first is still in its task
+        time.sleep(0.3)
+        release.set()
+
+    pool._queues[1].put(Busy())
+    threading.Thread(target=later).start()
+    try:
+        pool.run(task, 3)
+        assert sorted(finished) == [0, 1, 2]
+    finally:
+        gate.set()
+        release.set()
+        pool.close()
+
+
 def test_close_names_a_helper_that_did_not_stop():
     pool = WorkerPool(2)
     main = threading.current_thread()

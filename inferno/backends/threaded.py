@@ -262,10 +262,11 @@ class _Batch:
 
     The caller waits for the helpers without holding a lock: Ctrl-C can interrupt it between any two
     bytecodes, and a lock taken in Python code (a `threading.Condition`) can then stay held for good,
-    every helper blocked on it. So helpers count themselves in with `list.append` (atomic under the
-    GIL) and report on `done`, a C queue whose `get` Ctrl-C interrupts with nothing held."""
+    every helper blocked on it. So every helper the call is handed to reports once on `done`, a C
+    queue whose `get` Ctrl-C interrupts with nothing held, and the caller waits for all of them (one
+    that comes late finds no task left and reports at once)."""
 
-    __slots__ = ("fn", "n", "claim", "cancelled", "errors", "entered", "done")
+    __slots__ = ("fn", "n", "claim", "cancelled", "errors", "done")
 
     def __init__(self, fn: Callable[[int], None], n: int) -> None:
         self.fn = fn
@@ -273,12 +274,10 @@ class _Batch:
         self.claim = itertools.count().__next__  # atomic under the GIL
         self.cancelled = False
         self.errors: list[BaseException] = []  # the first is re-raised in the caller
-        self.entered: list[None] = []  # one entry per helper that began work()
-        self.done: queue.SimpleQueue = queue.SimpleQueue()  # one item per helper that left it
+        self.done: queue.SimpleQueue = queue.SimpleQueue()  # one item per helper that left work()
 
     def work(self) -> None:
         """Run tasks until none are left (in a helper thread); record the first exception."""
-        self.entered.append(None)
         try:
             while not self.cancelled:
                 i = self.claim()
@@ -329,15 +328,16 @@ class WorkerPool:
             return
         self._check_helpers()
         batch = _Batch(fn, n)
+        handed = self._queues[: n - 1]
         try:
-            for q in self._queues[: n - 1]:
+            for q in handed:
                 q.put(batch)
             while not batch.cancelled:
                 i = batch.claim()
                 if i >= n:
                     break
                 fn(i)
-            self._wait(batch)
+            self._wait(batch, len(handed))
         except BaseException:
             # Our own task failed, or Ctrl-C: helpers stop after their current task (they only ever write
             # to this call's buffers, which nobody reads any more).
@@ -346,10 +346,10 @@ class WorkerPool:
         if batch.errors:
             raise batch.errors[0]
 
-    def _wait(self, batch: _Batch) -> None:
-        """Until every helper that began `batch` has left it. Every task is claimed (or the call was
-        cancelled) by now, so a helper that begins it later runs nothing."""
-        for _ in range(len(batch.entered)):
+    def _wait(self, batch: _Batch, helpers: int) -> None:
+        """Until each of the `helpers` handed `batch` has left it (counting only those that began it
+        would not do: a late one's report could be taken for that of one still in a task)."""
+        for _ in range(helpers):
             while True:
                 try:
                     batch.done.get(timeout=0.5)
