@@ -288,8 +288,8 @@ def test_load_peak_memory_is_at_most_1_2x_the_weights_held(tmp_path, dtype, held
     from inferno.testing import random_weights
     from safetensors.numpy import save_file
 
-    if not TorchBackend(device="cpu").onednn:
-        pytest.skip("this torch has no oneDNN: nothing is packed")
+    if not TorchBackend(device="cpu", dtype=dtype).onednn:  # bfloat16 also needs the CPU's support
+        pytest.skip(f"oneDNN does not run {dtype} with this torch on this CPU: nothing is packed")
     directory = tmp_path / "model"
     directory.mkdir()
     save_file(random_weights(GPT2_124M), str(directory / "model.safetensors"))
