@@ -24,7 +24,7 @@ from inferno.backends.registry import get_backend, parse_backend_spec
 from inferno.bench import GPT2_124M, prompt_ids, random_weights
 from inferno.engine import Engine
 from inferno.generate import generate_tokens
-from inferno.model import Gpt2
+from inferno.models.gpt2 import Gpt2
 
 PROMPT, PAUSE = 8, 0.3
 #: The clock of every timing: wall time, or with --cpu-time the process's CPU time (see main).
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(PAUSE)
             b1[b]["engine"].append(1e3 / decode_tok_s(model, 1, args.new_tokens))
 
-    from inferno.blas import line as blas_line
+    from inferno.cpu import blas_line
 
     print(f"`python benches/batching.py {' '.join(argv if argv is not None else sys.argv[1:])}` "
           f"(124M shape, {PROMPT}-token prompts, {args.new_tokens} new tokens, medians of {args.repeat}; "

@@ -31,9 +31,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from inferno.backends.threaded import ThreadedBackend, usable_cores
+from inferno.backends.threaded import ThreadedBackend
 from inferno.bench import GPT2_124M, prompt_ids, random_weights, time_decode, time_prefill, weights_in_layout
-from inferno.model import Gpt2
+from inferno.cpu import usable_cores
+from inferno.models.gpt2 import Gpt2
 
 PREFILLS = (64, 512, 1000)
 DECODE_PROMPT, DECODE_STEPS = 64, 8

@@ -36,6 +36,6 @@ def gpt2_weights() -> dict[str, np.ndarray]:
 def gpt2_model(backend, gpt2_weights):
     """The 124M-shape model on `backend` (built once per backend)."""
     from inferno.bench import weights_in_layout
-    from inferno.model import Gpt2
+    from inferno.models.gpt2 import Gpt2
 
     return Gpt2.from_weights(GPT2_124M, weights_in_layout(gpt2_weights, backend, _LAYOUTS), backend)

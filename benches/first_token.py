@@ -25,9 +25,9 @@ import time
 from inferno.backends.registry import get_backend
 from inferno.bench import GPT2_124M, prompt_ids, random_weights
 from inferno.engine import Engine
-from inferno.model import Gpt2
+from inferno.models.gpt2 import Gpt2
+from inferno.models.weights import expected_shapes
 from inferno.options import GenerationOptions
-from inferno.weights import expected_shapes
 
 
 def block_params(config) -> int:

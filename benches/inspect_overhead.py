@@ -39,9 +39,9 @@ import numpy as np
 
 from inferno.backends.registry import get_backend
 from inferno.bench import GPT2_124M, prompt_ids, random_weights, weights_in_layout
-from inferno.config import Gpt2Config
 from inferno.inspect import inspect_ids
-from inferno.model import Gpt2
+from inferno.models.config import Gpt2Config
+from inferno.models.gpt2 import Gpt2
 
 SHAPES = {"124m": GPT2_124M,
           "xl": Gpt2Config(vocab_size=50257, n_positions=1024, n_embd=1600, n_layer=48, n_head=25)}

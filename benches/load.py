@@ -60,7 +60,7 @@ def tensor_shapes(n_layer: int, c: int) -> dict[str, tuple[int, ...]]:
 
 def write_checkpoint(folder: Path, shape: str, seed: int = 0) -> Path:
     """config.json, tokenizer.json (the shipped one) and a random F32 model.safetensors in `folder`."""
-    from inferno.hub import shipped_gpt2_file
+    from inferno.models.resolve import shipped_gpt2_file
 
     n_layer, c, n_head = SHAPES[shape]
     shapes = tensor_shapes(n_layer, c)

@@ -54,7 +54,7 @@ from inferno import scoring
 from inferno.api import Pipeline
 from inferno.backends.registry import get_backend
 from inferno.bench import GPT2_124M, prompt_ids, random_weights, weights_in_layout
-from inferno.model import Gpt2
+from inferno.models.gpt2 import Gpt2
 from inferno.options import GenerationOptions, SequenceState, logsumexp
 from inferno.tokenizer import Tokenizer
 

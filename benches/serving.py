@@ -57,12 +57,14 @@ def random_model_dir(directory: Path, seed: int = 0) -> Path:
     return directory
 
 
-def start_server(model_dir: Path, backend: str, slots: int, port: int, log: Path) -> subprocess.Popen:
+def start_server(model_dir: Path, backend: str, slots: int, port: int, log: Path,
+                 name: str = "gpt2") -> subprocess.Popen:
     """`backend`: a backend spec, optionally followed by more `inferno serve` flags ("half --prefill-chunk
     256"), so that two settings of one backend can be measured side by side."""
     spec, *flags = backend.split()
     command = [sys.executable, "-m", "inferno", "serve", "--model-dir", str(model_dir), "--backend", spec,
-               "--port", str(port), "--slots", str(slots), "--queue", "4096", *flags]
+               "--port", str(port), "--slots", str(slots), "--queue", "4096", "--served-model-name", name,
+               *flags]  # the name the requests give (another is a 404)
     with open(log, "wb") as f:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         return subprocess.Popen(command, stdout=f, stderr=subprocess.STDOUT, env=env)
@@ -194,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
             model_dir = Path(args.model_dir) if args.model_dir else random_model_dir(tmp / "model")
             for i, backend in enumerate(backends):
                 log = tmp / f"server-{i}.log"
-                procs.append(start_server(model_dir, backend, max(args.levels), args.port + i, log))
+                procs.append(start_server(model_dir, backend, max(args.levels), args.port + i, log,
+                                          args.model))
                 print(f"[{backend} server log: {log}]", file=sys.stderr)
         for i, url in enumerate(urls):
             wait_ready(url, procs[i] if procs else None)
@@ -223,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
                          {"medians": medians, "runs": runs}, indent=2))
         return 0
     # This process's BLAS: a server started here inherits its environment.
-    from inferno.blas import line as blas_line
+    from inferno.cpu import blas_line
 
     for backend in backends:
         source = args.url or (args.model_dir or "random 124M-shape weights") + f", {backend} backend"

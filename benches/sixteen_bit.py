@@ -47,8 +47,8 @@ from inferno.backends.registry import (
     parse_backend_spec,
 )
 from inferno.bench import GPT2_124M, prompt_ids, random_weights
-from inferno.config import Gpt2Config
-from inferno.model import Gpt2
+from inferno.models.config import Gpt2Config
+from inferno.models.gpt2 import Gpt2
 
 SPECS = ("numpy", "torch:device=cpu", "torch:device=cpu,dtype=bfloat16", "half", "half:dtype=bfloat16",
          "half:dtype=int8")
@@ -160,7 +160,7 @@ def _rss(key: str) -> int:
 def xl_child(path: str, spec: str, steps: int) -> dict:
     """One backend on the XL file: load (streamed), peak RSS, batch-1 decode ms, 16-sequence tok/s."""
     from inferno.engine import Engine
-    from inferno.weights import iter_weights
+    from inferno.models.weights import iter_weights
 
     name, opts = parse_backend_spec(spec)
     be = get_backend(name, **opts)
@@ -202,7 +202,7 @@ def xl(specs: list[str], steps: int) -> int:
                 continue
             rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
             print(f"{spec} done", file=sys.stderr)
-    from inferno.blas import line as blas_line
+    from inferno.cpu import blas_line
 
     clock = "CPU time, one thread each" if CLOCK is time.process_time else "wall time"
     print(f"\nGPT-2 XL shape (1.5B), random weights; one run of {steps} steps each ({clock}); {blas_line()}")
@@ -300,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         row["floor_tok_s"] = gbs * 1e9 / (row["weights_MB"] * 1e6)
         rows.append(row)
 
-    from inferno.blas import line as blas_line
+    from inferno.cpu import blas_line
 
     print(f"\nGPT-2 124M shape, random weights; {args.rounds} interleaved rounds, {args.steps} decode steps; "
           f"read bandwidth {gbs:.1f} GB/s; load average {load_before:.2f} -> {load_after:.2f}; "

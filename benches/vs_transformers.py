@@ -43,7 +43,7 @@ import numpy as np
 from inferno.backends.registry import get_backend
 from inferno.bench import GPT2_124M, prompt_ids, random_weights
 from inferno.generate import generate_tokens
-from inferno.model import Gpt2
+from inferno.models.gpt2 import Gpt2
 
 ROOT = Path(__file__).resolve().parents[1]
 NEW_TOKENS, DECODE_PROMPT, PREFILL = 128, 8, 64

@@ -19,7 +19,7 @@ import time
 from inferno.backends.numpy_backend import NumpyBackend
 from inferno.bench import GPT2_124M, prompt_ids, random_weights
 from inferno.generate import generate_tokens
-from inferno.model import Gpt2
+from inferno.models.gpt2 import Gpt2
 
 NEW_TOKENS, PROMPT, PAUSE = 128, 8, 0.3
 

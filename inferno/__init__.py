@@ -1,4 +1,4 @@
-"""inferno: GPT-2 (124M) text generation on the CPU with pluggable compute backends.
+"""inferno: language-model inference (GPT-2, the Llama family) on the CPU with pluggable compute backends.
 
     import inferno
     model = inferno.load()
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-__version__ = "0.1.0"
+from inferno.version import __version__
 
 __all__ = ["Backend", "GenerationOptions", "GenerationResult", "Gpt2Config", "Inspection", "Pipeline",
            "ScoreResult", "Tokenizer", "load", "__version__"]
@@ -22,7 +22,7 @@ _LAZY = {
     "GenerationOptions": "inferno.options",
     "ScoreResult": "inferno.scoring",
     "Inspection": "inferno.inspect",
-    "Gpt2Config": "inferno.config",
+    "Gpt2Config": "inferno.models.config",
     "Tokenizer": "inferno.tokenizer",
     "Backend": "inferno.backends.base",
 }
@@ -30,9 +30,9 @@ _LAZY = {
 if TYPE_CHECKING:
     from inferno.api import Pipeline, load
     from inferno.backends.base import Backend
-    from inferno.config import Gpt2Config
     from inferno.generate import GenerationResult
     from inferno.inspect import Inspection
+    from inferno.models.config import Gpt2Config
     from inferno.options import GenerationOptions
     from inferno.scoring import ScoreResult
     from inferno.tokenizer import Tokenizer

@@ -8,6 +8,7 @@
     model.generate("Q: 2+2?\nA:", stop=["\n"], logprobs=5).logprobs
     model.score("The quick brown fox jumps over the lazy dog.").perplexity
     model.inspect("The quick brown fox").logit_lens[-1][-1]   # what each layer would predict, and why
+    model.generate("Name and age:", json_schema={"type": "object", ...}).text   # structured output
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import numpy as np
 
 from inferno.backends.base import Backend
 from inferno.backends.registry import get_backend
-from inferno.config import Gpt2Config
 from inferno.engine import DEFAULT_PREFILL_CHUNK, DEFAULT_SLOTS, Engine, Handle
 from inferno.generate import (
     GenerationError,
@@ -31,33 +31,50 @@ from inferno.generate import (
     token_ids,
 )
 from inferno.inspect import Inspection, inspect_ids
-from inferno.model import Gpt2
+from inferno.models.causal_lm import CausalLM, ModelConfig
+from inferno.models.gpt2 import Gpt2
 from inferno.options import GenerationOptions, OptionError
 from inferno.scoring import ScoreResult, score_ids
+from inferno.structured import CONSTRAINT_ARGUMENTS, constraint_from
 from inferno.tokenizer import Tokenizer
-from inferno.weights import iter_weights
+
+#: A text whose ids two tokenizers must agree on for one model to draft for the other.
+_PROBE = "The quick brown fox jumps over the lazy dog. 1234 éè 中文 <|endoftext|>\n\tdef f(x):"
 
 
 class Pipeline:
     """A loaded model with its tokenizer: text in, text out."""
 
-    def __init__(self, model: Gpt2, tokenizer: Tokenizer) -> None:
+    def __init__(self, model: CausalLM, tokenizer: Tokenizer) -> None:
         self.model = model
         self.tokenizer = tokenizer
 
     @property
-    def config(self) -> Gpt2Config:
+    def config(self) -> ModelConfig:
         return self.model.config
 
     @property
     def backend(self) -> Backend:
         return self.model.backend
 
+    @property
+    def empty_prompt_id(self) -> int:
+        """The id an empty prompt stands for (unconditional generation): the tokenizer's BOS when it has
+        one (the Llama family's), else the EOS (GPT-2's ``<|endoftext|>``)."""
+        bos = self.tokenizer.bos_id
+        return bos if bos is not None else self.config.eos_token_id
+
+    @property
+    def eos_ids(self) -> tuple[int, ...]:
+        """The ids that end a reply: config.json's and the tokenizer's (generation_config.json's list: a
+        Llama 3 Instruct reply ends at ``<|eot_id|>``, a Qwen one at ``<|im_end|>``), in that order."""
+        return tuple(dict.fromkeys((*self.config.eos_token_ids, *self.tokenizer.eos_ids)))
+
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
-        """Prompt text or ids → ids; an empty prompt is ``[<|endoftext|>]`` (unconditional generation)."""
+        """Prompt text or ids → ids; an empty prompt is ``[empty_prompt_id]`` (unconditional generation)."""
         # Text, or a sequence of real ints: bytes, floats, strings, None... are a PromptTypeError.
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else token_ids(prompt)
-        return ids or [self.config.eos_token_id]
+        return ids or [self.empty_prompt_id]
 
     def logits(self, ids: Sequence[int]) -> np.ndarray:
         """Full forward pass without a cache: float32 logits [len(ids), vocab_size]."""
@@ -78,6 +95,9 @@ class Pipeline:
         *,
         stop_at_eos: bool = True,
         options: GenerationOptions | None = None,
+        speculative: str | None = None,
+        draft_model: str | Pipeline | None = None,
+        num_speculative_tokens: int | None = None,
         **option_kwargs,
     ) -> TokenStream:
         """A stream of new tokens: iterate it for ids, or `steps()` for ids with their text and logprobs;
@@ -86,18 +106,55 @@ class Pipeline:
         Options are `options` or keywords (see `GenerationOptions`): temperature=0.0 (greedy), top_k=0,
         top_p=1.0, seed=None, stop=(), stop_ids=(), repetition_penalty=1.0, presence_penalty=0.0,
         frequency_penalty=0.0, logit_bias={}, logprobs=None.
+
+        Structured output (see `inferno.structured`; needs ``inferno-gpt2[structured]``), one of:
+        ``response_format`` (``{"type": "json_object"}``, ``{"type": "json_schema", "json_schema":
+        {"schema": ...}}``, a JSON Schema or a Pydantic model class), ``json_schema`` (a JSON Schema or a
+        Pydantic model class), ``regex``, ``choice`` (a list of strings), ``grammar`` (Lark), or
+        ``constraint`` (an `inferno.structured.Constraint`, or what ``response_format`` takes).
+
+        Speculative decoding (see `inferno.speculative`): ``speculative="ngram"`` (prompt lookup) or a
+        `draft_model` (a name as `load` takes, loaded on this backend once, or a `Pipeline`) with this
+        model's tokenizer; `num_speculative_tokens`: the first round's drafts (adaptive after).
         """
         options, stop = self._options(options, option_kwargs, stop_at_eos)
+        draft = None if draft_model is None else self.draft(draft_model).model
         return generate_tokens(self.model, self.encode(prompt), max_new_tokens, options, stop,
-                               self.sample_limit, self.tokenizer.incremental_decoder())
+                               self.sample_limit, self.tokenizer.incremental_decoder(),
+                               speculative=speculative, draft_model=draft,
+                               num_speculative_tokens=num_speculative_tokens)
+
+    def draft(self, model: str | Pipeline) -> Pipeline:
+        """A draft model for speculative decoding: loaded by name on this backend (once), or given; its
+        tokenizer must be this one's (else a one-line `SpeculationError`)."""
+        from inferno.speculative import SpeculationError, check_draft_model
+
+        drafts = self.__dict__.setdefault("_drafts", {})
+        if isinstance(model, Pipeline):
+            pipe = model
+        elif model in drafts:
+            pipe = drafts[model]
+        else:
+            pipe = drafts[model] = load(model, self.backend)
+        name = model if isinstance(model, str) else "the draft model"
+        if pipe.tokenizer.vocab_size != self.tokenizer.vocab_size or \
+                pipe.tokenizer.encode(_PROBE) != self.tokenizer.encode(_PROBE):
+            raise SpeculationError(f"{name}'s tokenizer is not this model's: a draft model must share the "
+                                   "target's tokenizer")
+        check_draft_model(self.model, pipe.model, name)
+        return pipe
 
     def _options(self, options: GenerationOptions | None, option_kwargs: dict,
                  stop_at_eos: bool) -> tuple[GenerationOptions, tuple[int, ...]]:
         """The options given as an object or as keywords (not both), and the stop ids stop_at_eos adds."""
         if options is not None and option_kwargs:
             raise OptionError(sorted(option_kwargs)[0], "cannot be given together with options=")
+        asked = {k: option_kwargs.pop(k) for k in CONSTRAINT_ARGUMENTS if k in option_kwargs}
+        constraint = constraint_from(**asked) if asked else None
+        if constraint is not None:
+            option_kwargs["constraint"] = constraint
         options = options or GenerationOptions.from_kwargs(**option_kwargs)
-        return options, ((self.config.eos_token_id,) if stop_at_eos else ())
+        return options, (self.eos_ids if stop_at_eos else ())
 
     def stream(self, prompt: str | Sequence[int], **kwargs) -> Iterator[str]:
         """Yield text pieces as tokens arrive (same arguments as `generate`); they join to its text.
@@ -124,7 +181,11 @@ class Pipeline:
 
     def engine(self, **kwargs) -> Engine:
         """A continuous-batching `Engine` on this model that decodes text and samples only ids the
-        tokenizer knows (keywords: slots, max_queue, prefill_chunk; see `inferno.engine`)."""
+        tokenizer knows (keywords: slots, max_queue, prefill_chunk, no_prefix_cache, speculative,
+        draft_model (a name as `load` takes it, a `Pipeline` or a model), num_speculative_tokens; see
+        `inferno.engine`)."""
+        if isinstance(kwargs.get("draft_model"), str | Pipeline):
+            kwargs["draft_model"] = self.draft(kwargs["draft_model"]).model
         return Engine(self.model, sample_limit=self.sample_limit, decoder=self.tokenizer.incremental_decoder,
                       **kwargs)
 
@@ -210,12 +271,15 @@ def load(
     """Load a GPT-2 model by name: a local folder, a Hub repo id (``openai-community/gpt2-large``,
     ``user/fine-tune@revision``), a short name (``gpt2``, the default; ``gpt2-medium``, ``gpt2-large``,
     ``gpt2-xl``, ``distilgpt2``) or ``random`` / ``random:tiny`` (random weights built in memory, no
-    download). Hub models come from the Hugging Face cache, downloaded there once (see `inferno.hub`).
+    download). Hub models come from the Hugging Face cache, downloaded there once (see
+    `inferno.models.resolve`).
 
     `backend` is a registered name (default: $INFERNO_BACKEND, else "numpy"), optionally with
     options as ``"name:key=value,..."``, or a `Backend` instance.
     """
-    from inferno.hub import parse_model_name, resolve_model, shipped_gpt2_file
+    from inferno.models.families import load_model, read_config
+    from inferno.models.names import parse_model_name
+    from inferno.models.resolve import resolve_model, shipped_gpt2_file
 
     if backend is not None and not isinstance(backend, (str, Backend)):
         raise TypeError(f"backend must be a name such as 'numpy' (optionally 'name:key=value,...'), a "
@@ -233,12 +297,11 @@ def load(
         # Each host array is let go once converted: the backend's copy and the float32 one never all coexist.
         model = Gpt2.from_weights(config, ((n, weights.pop(n)) for n in list(weights)), be)
         return Pipeline(model, tokenizer)
-    files = resolve_model(spec.name if spec.kind != "folder" else spec.path, download=download)
-    config = Gpt2Config.from_file(files.config)
-    if files.tokenizer is not None:
-        tokenizer = Tokenizer.from_file(files.tokenizer)
-    else:
-        tokenizer = Tokenizer.from_vocab_merges(files.vocab, files.merges)
+    files = resolve_model(spec, download=download)  # the name is parsed once, above
+    _, config = read_config(files.config)  # GPT-2 or the Llama family (inferno.models.families)
+    # With the folder's tokenizer_config.json, generation_config.json and config.json where there: the
+    # BOS, the EOS ids and the model's chat template (inferno.tokenizer).
+    tokenizer = Tokenizer.from_dir(os.path.dirname(files.tokenizer or files.vocab))
     # One tensor at a time: a backend that converts the weights (16-bit) never holds all the float32 ones.
-    model = Gpt2.from_weights(config, iter_weights(files.weights, config, be.weight_order), be)
+    model = load_model(files.config, files.weights, be, config)
     return Pipeline(model, tokenizer)

@@ -3,6 +3,7 @@
     inferno bench                                  # every usable backend, random 124M-shape weights
     inferno bench --backends numpy,cpu-threaded --prompt-tokens 512 --new-tokens 16 --repeat 5
     inferno bench --model-dir gpt2 --json          # the real weights; one JSON object on stdout
+    inferno bench -m smollm2-135m                  # a Llama-family model (in the cache or a folder)
 
 Each backend runs the same greedy generation (random prompt ids, end-of-text ignored) `--repeat` times,
 interleaved with the other backends so that a noisy neighbour slows everyone alike; the table shows
@@ -27,8 +28,8 @@ from typing import IO, Any
 
 import numpy as np
 
-from inferno.config import GPT2_124M, Gpt2Config  # noqa: F401 - GPT2_124M: the shape benchmarks run
 from inferno.errors import squash
+from inferno.models.config import GPT2_124M, Gpt2Config  # noqa: F401 - GPT2_124M: the shape benchmarks run
 from inferno.testing import (  # noqa: F401 - where bench users found them
     RANDOM_EMBEDDING_STD,
     RANDOM_LOGIT_STD,
@@ -136,27 +137,32 @@ class BenchProgress:
             self.stream.flush()
 
 
-def _load_weights(model_dir: str | None, seed: int, progress: BenchProgress) -> tuple[Gpt2Config, dict, str]:
+def _load_weights(model_dir: str | None, seed: int, progress: BenchProgress) -> tuple[Any, dict, str]:
+    """(config, host weights by name, where they came from): a model's files (any family inferno runs:
+    `inferno.models.families`), or random weights of GPT-2 124M's shape."""
     from pathlib import Path
 
-    from inferno.hub import ModelFilesMissing, ModelNameError, parse_model_name, resolve_model_dir
-    from inferno.weights import load_weights
+    from inferno.models.families import read_config
+    from inferno.models.names import ModelNameError, parse_model_name
+    from inferno.models.resolve import ModelFilesMissing, resolve_model
 
     try:
         random = model_dir is not None and parse_model_name(model_dir).kind == "random"
-        directory = None if random else resolve_model_dir(model_dir, download=False)
+        files = None if random else resolve_model(model_dir, download=False, progress=False)
     except ModelNameError as exc:
         raise BenchError(squash(exc)) from None
     except ModelFilesMissing as exc:
         if model_dir is not None:
             raise BenchError(squash(exc)) from None
-        directory = None
-    if directory is None:
+        files = None
+    if files is None:
         progress("building random 124M-shape weights" + ("" if random else " (no model files found)"))
         return GPT2_124M, random_weights(GPT2_124M, seed), "random (GPT-2 124M shape)"
+    directory = Path(files.weights).parent
     progress(f"loading weights from {directory}")
-    config = Gpt2Config.from_file(Path(directory) / "config.json")
-    return config, load_weights(Path(directory) / "model.safetensors", config), str(directory)
+    family, config = read_config(files.config)
+    weights = dict(family.load().iter_weights(files.weights, config, None))
+    return config, weights, str(directory)
 
 
 def weights_in_layout(
@@ -191,7 +197,7 @@ def run_bench(request: BenchRequest, progress: BenchProgress | None = None) -> d
 
 
 def _run(request: BenchRequest, backends: dict[str, Any], progress: BenchProgress) -> dict[str, Any]:
-    from inferno.model import Gpt2
+    from inferno.models.families import from_weights
 
     config, weights, source = _load_weights(request.model_dir, request.seed, progress)
     total = request.prompt_tokens + request.new_tokens
@@ -208,7 +214,7 @@ def _run(request: BenchRequest, backends: dict[str, Any], progress: BenchProgres
         progress(f"loading {r.spec}")
         try:
             laid_out = weights_in_layout(weights, backends[r.spec], layouts)
-            models[r.spec] = Gpt2.from_weights(config, laid_out, backends[r.spec])
+            models[r.spec] = from_weights(config, laid_out, backends[r.spec])
             for _ in range(request.warmup):
                 time_generation(models[r.spec], warm_ids, 2)
         except Exception as exc:  # noqa: BLE001 - one broken backend must not sink the others
@@ -231,8 +237,11 @@ def _run(request: BenchRequest, backends: dict[str, Any], progress: BenchProgres
     return _report(request, config, source, results)
 
 
-def _report(request: BenchRequest, config: Gpt2Config, source: str, results: list[BackendResult]) -> dict:
-    from inferno.backends.threaded import usable_cores
+def _report(request: BenchRequest, config: Any, source: str, results: list[BackendResult]) -> dict:
+    from inferno.cpu import usable_cores
+    from inferno.models.families import family_of
+
+    family = family_of(config.to_dict())
 
     n_new, n_prompt = request.new_tokens, request.prompt_tokens
     rows = []
@@ -262,7 +271,10 @@ def _report(request: BenchRequest, config: Gpt2Config, source: str, results: lis
             }
     return {
         "weights": source,
-        "model": {k: getattr(config, k) for k in ("n_layer", "n_head", "n_embd", "vocab_size")},
+        "family": family.name,
+        "family_label": family.label,
+        "model_type": config.to_dict().get("model_type", "gpt2"),
+        "model": {k: getattr(config, k) for k in ("n_layer", "n_head", "n_kv_head", "n_embd", "vocab_size")},
         "prompt_tokens": n_prompt,
         "new_tokens": n_new,
         "repeat": request.repeat,
@@ -277,8 +289,11 @@ def _report(request: BenchRequest, config: Gpt2Config, source: str, results: lis
 
 def format_table(report: dict[str, Any]) -> str:
     """The report as the text table the command prints."""
+    label = report.get("family_label", "GPT-2")
+    if report.get("model_type", "gpt2") != report.get("family", "gpt2"):
+        label += f" family, {report['model_type']}"
     lines = [
-        f"GPT-2 ({report['weights']}): prompt {report['prompt_tokens']} tokens, {report['new_tokens']} new "
+        f"{label} ({report['weights']}): prompt {report['prompt_tokens']} tokens, {report['new_tokens']} new "
         f"tokens, greedy; median of {report['repeat']}; {report['machine']['usable_cores']} usable cores",
         "",
     ]

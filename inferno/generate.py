@@ -14,10 +14,10 @@ from numbers import Integral
 
 import numpy as np
 
-from inferno.config import Gpt2Config
-from inferno.model import Gpt2
+from inferno.models.causal_lm import CausalLM, ModelConfig
 from inferno.options import GenerationOptions, SequenceState, Step, TextDecoder, TokenLogprob
 from inferno.sampling import SamplingParams
+from inferno.speculative import Speculation, new_speculation, speculative_steps
 
 
 class GenerationError(ValueError):
@@ -70,7 +70,7 @@ class TokenStream:
     stop strings need.
     """
 
-    model: Gpt2
+    model: CausalLM
     prompt_ids: list[int]
     max_new_tokens: int
     options: GenerationOptions = field(default_factory=GenerationOptions)
@@ -79,6 +79,8 @@ class TokenStream:
     #: Sample only among ids below this (a model whose vocabulary is padded past the tokenizer's).
     sample_limit: int | None = None
     decoder: TextDecoder | None = None
+    #: Speculative decoding (`inferno.speculative`), or None; `speculation.stats` counts its drafts.
+    speculation: Speculation | None = None
     state: SequenceState = field(init=False)
 
     def __post_init__(self) -> None:
@@ -99,13 +101,17 @@ class TokenStream:
         if budget <= 0:
             self.state.finish("length")
             return
+        if self.speculation is not None:
+            yield from speculative_steps(self.model, prompt, budget, self.state, self.speculation,
+                                         self.sample_limit)
+            return
         # The last new token is never fed back, so the cache needs room for one position less.
         cache = self.model.new_cache(1, len(prompt) + budget - 1)
         # Overflow is detected on the logits (check_logits), with a better message than NumPy's warnings.
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             logits = self.model.forward(np.asarray([prompt]), cache)
         for i in range(budget):
-            # Shape and finiteness of the one row sampled, on the host copy (cheap; see Gpt2.check_logits).
+            # Shape and finiteness of the one row sampled, on the host copy (cheap; see check_logits).
             host = self.model.check_logits(self.model.backend.to_numpy(logits), 1)
             step = self.state.step(host[0, : self.sample_limit], last=i + 1 == budget)
             yield step
@@ -163,7 +169,7 @@ def token_ids(ids: object) -> list[int]:
     return out
 
 
-def check_ids(ids: Sequence[int], config: Gpt2Config) -> list[int]:
+def check_ids(ids: Sequence[int], config: ModelConfig) -> list[int]:
     """The prompt as a list of ints, or a `GenerationError` saying what is wrong with it (a
     `PromptTypeError` when it is not a sequence of ints at all; see `token_ids`)."""
     ids = token_ids(ids)
@@ -179,7 +185,7 @@ def check_ids(ids: Sequence[int], config: Gpt2Config) -> list[int]:
     return ids
 
 
-def check_request(config: Gpt2Config, prompt_ids: Sequence[int], max_new_tokens: int,
+def check_request(config: ModelConfig, prompt_ids: Sequence[int], max_new_tokens: int,
                   options: Iterable[GenerationOptions], sample_limit: int | None = None) -> list[int]:
     """Everything about one request that can be checked before it runs: the budget, the prompt (see
     `check_ids`) and the token ids the options name (against `sample_limit`, else the vocabulary).
@@ -193,25 +199,39 @@ def check_request(config: Gpt2Config, prompt_ids: Sequence[int], max_new_tokens:
     return prompt
 
 
-def new_token_budget(config: Gpt2Config, prompt_len: int, max_new_tokens: int) -> int:
+def new_token_budget(config: ModelConfig, prompt_len: int, max_new_tokens: int) -> int:
     """How many new tokens a prompt may still get: `max_new_tokens`, bounded by the context window."""
     return min(int(max_new_tokens), config.n_positions - prompt_len)
 
 
 def generate_tokens(
-    model: Gpt2,
+    model: CausalLM,
     prompt_ids: Sequence[int],
     max_new_tokens: int,
     options: GenerationOptions | SamplingParams | None = None,
     stop_ids: Iterable[int] = (),
     sample_limit: int | None = None,
     decoder: TextDecoder | None = None,
+    *,
+    speculative: str | None = None,
+    draft_model: CausalLM | None = None,
+    num_speculative_tokens: int | None = None,
+    adaptive: bool = True,
 ) -> TokenStream:
     """Stream new token ids for one prompt (batch 1). Validates the prompt, the budget and the options'
-    token ids first. `stop_ids` end the stream in addition to the options' own."""
+    token ids first. `stop_ids` end the stream in addition to the options' own.
+
+    Speculative decoding (`inferno.speculative`): `speculative` "ngram" (prompt lookup) or "draft" (the
+    default when `draft_model`, a model with the same vocabulary, is given); `num_speculative_tokens`: K,
+    the drafts of the first round (it adapts unless `adaptive` is False). Greedy output is the same as
+    without; sampled output has the same distribution."""
     if isinstance(options, SamplingParams):
         p = options
         options = GenerationOptions(temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, seed=p.seed)
     options = options or GenerationOptions()
     prompt = check_request(model.config, prompt_ids, max_new_tokens, [options], sample_limit)
-    return TokenStream(model, prompt, max_new_tokens, options, frozenset(stop_ids), sample_limit, decoder)
+    stream = TokenStream(model, prompt, max_new_tokens, options, frozenset(stop_ids), sample_limit, decoder)
+    if speculative is not None or draft_model is not None or num_speculative_tokens is not None:
+        stream.speculation = new_speculation(model, stream.state, speculative, draft_model,
+                                             num_speculative_tokens, sample_limit, adaptive)
+    return stream

@@ -1,6 +1,6 @@
 """Looking inside the model: every layer's attention weights and the logit lens, for one text.
 
-`inspect_ids(model, ids)` runs the blocks one at a time (`Gpt2.block`) on a temporary KV cache of
+`inspect_ids(model, ids)` runs the blocks one at a time (`CausalLM.block`) on a temporary KV cache of
 exactly T positions, through the model's checked kernels, and keeps
 
 - **attention**: each block's softmax weights, queries × keys, causal (0 above the diagonal, rows
@@ -17,19 +17,23 @@ and the engine never come here: nothing of this costs anything unless it is aske
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from numbers import Integral
 
 import numpy as np
 
 from inferno.backends.base import Array
-from inferno.model import Block, Gpt2
+from inferno.models.causal_lm import CausalLM
 from inferno.options import logsumexp, top_logprobs
 
 #: Positions sent through the LM head at a time for the logit lens: [128, 50257] float32 logits are 26 MB,
 #: so a 1024-token text at a large shape never holds a whole layer's logits on the host.
 LENS_POSITIONS = 128
+
+
+class InspectionCancelled(Exception):
+    """`inspect_ids` stopped because its `cancelled()` said so (the caller no longer wants the result)."""
 
 
 class InspectionError(ValueError):
@@ -68,7 +72,8 @@ class Inspection:
 
 def subset(name: str, values: Sequence[int] | int | None, count: int, what: str) -> list[int]:
     """`values` (None: all of 0 .. count - 1; one int; or a list of distinct ints) checked against
-    ``[0, count)``, sorted. Raises `InspectionError` naming `name`."""
+    ``[0, count)``, sorted. Raises `InspectionError` naming `name`: at once for a list longer than
+    `count` (it must repeat one), else at the first value out of range or seen before (one pass)."""
     if values is None:
         return list(range(count))
     if isinstance(values, Integral) and not isinstance(values, bool):
@@ -76,24 +81,29 @@ def subset(name: str, values: Sequence[int] | int | None, count: int, what: str)
     if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or not values:
         raise InspectionError(f"{name} must be a non-empty list of {what} in [0, {count}), "
                               f"got {values!r:.60}", name)
-    out = []
+    if len(values) > count:
+        raise InspectionError(f"{name} lists {len(values)} {what}, more than the {count} there are (each "
+                              "at most once)", name)
+    seen: set[int] = set()
     for v in values:
         if isinstance(v, bool) or not isinstance(v, Integral) or not 0 <= v < count:
             raise InspectionError(f"{name}: {v!r:.40} is not one of the model's {what} (integers in "
                                   f"[0, {count}))", name)
-        out.append(int(v))
-    if len(set(out)) != len(out):
-        raise InspectionError(f"{name} lists {what} {sorted(v for v in out if out.count(v) > 1)[0]} twice",
-                              name)
-    return sorted(out)
+        if int(v) in seen:
+            raise InspectionError(f"{name} lists {what} {int(v)} twice", name)
+        seen.add(int(v))
+    return sorted(seen)
 
 
-def inspect_ids(model: Gpt2, ids: Sequence[int], *, layers: Sequence[int] | int | None = None,
+def inspect_ids(model: CausalLM, ids: Sequence[int], *, layers: Sequence[int] | int | None = None,
                 heads: Sequence[int] | int | None = None, positions: Sequence[int] | int | None = None,
-                top: int = 5, sample_limit: int | None = None) -> Inspection:
+                top: int = 5, sample_limit: int | None = None,
+                cancelled: Callable[[], bool] | None = None) -> Inspection:
     """Attention weights of `layers` × `heads` (default: all) and the logit lens at `positions`
     (default: all) for `ids`, `top` tokens a position. `sample_limit` restricts the lens's
-    distribution to the ids below it (a vocabulary padded past the tokenizer's), as scoring does."""
+    distribution to the ids below it (a vocabulary padded past the tokenizer's), as scoring does.
+    `cancelled()` is asked before each block; when it says True, `InspectionCancelled` is raised (a
+    server's client has left: the rest of the work would be for nobody)."""
     c = model.config
     ids = [int(i) for i in ids]
     if not ids:
@@ -117,26 +127,25 @@ def inspect_ids(model: Gpt2, ids: Sequence[int], *, layers: Sequence[int] | int 
     attention = np.zeros((len(layers), len(heads), t, t), dtype=np.float32)
     row = {layer: a for a, layer in enumerate(layers)}
 
-    def attend(i: int, blk: Block, h: Array) -> Array:
+    def attend(i: int, blk, h: Array) -> Array:
         if i not in row:
-            out, cache.layers[i] = be.self_attention(h, blk.attn_w, blk.attn_b, blk.attn_proj_w,
-                                                     blk.attn_proj_b, cache.layers[i], 0, c.n_head)
-            return out
-        out, cache.layers[i], weights = be.self_attention_weights(
-            h, blk.attn_w, blk.attn_b, blk.attn_proj_w, blk.attn_proj_b, cache.layers[i], 0, c.n_head)
+            return model.attention_layer(be, i, h, cache, 0)
+        out, weights = model.attention_layer(be, i, h, cache, 0, weights=True)
         attention[row[i]] = weights[0, heads]
         return out
 
-    x = be.embedding(model.wte, model.wpe, be.from_numpy(np.asarray([ids], dtype=np.int64)), 0)
+    x = model.embed(be, np.asarray([ids], dtype=np.int64))
     lens = [_lens(model, be, x, positions, top, limit)]
     for i in range(c.n_layer):
+        if cancelled is not None and cancelled():
+            raise InspectionCancelled(f"cancelled before block {i}")
         x = model.block(be, i, x, attend)
         lens.append(_lens(model, be, x, positions, top, limit))
     cache.length = t
     return Inspection(ids, layers, heads, attention, positions, lens)
 
 
-def _lens(model: Gpt2, be, x: Array, positions: list[int], top: int,
+def _lens(model: CausalLM, be, x: Array, positions: list[int], top: int,
           limit: int) -> list[list[tuple[int, float]]]:
     """The logit lens of one residual stream x [1, T, C] at `positions`: ln_f, the LM head, the softmax
     (in float64 over the ids below `limit`), the `top` (id, probability) pairs of each position."""

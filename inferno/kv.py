@@ -6,10 +6,24 @@ slots that the continuous-batching engine hands to one sequence after another.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
-from inferno.backends.base import Array
-from inferno.config import Gpt2Config
+from inferno.backends.base import Array, RaggedRow
+
+
+class CacheShape(Protocol):
+    """What sizes a KV cache: a model config (`Gpt2Config`, `LlamaConfig`)."""
+
+    n_layer: int
+    n_positions: int
+
+    @property
+    def n_kv_head(self) -> int: ...
+
+    @property
+    def head_dim(self) -> int: ...
 
 
 @dataclass
@@ -25,7 +39,8 @@ class KvCache:
 class KvSlots:
     """A fixed number of KV cache slots, each holding one sequence of up to n_positions tokens.
 
-    ``layers[i][slot]`` is layer i's (k_cache, v_cache) of that slot, each [1, H, P, D], allocated once;
+    ``layers[i][slot]`` is layer i's (k_cache, v_cache) of that slot, each [1, H, P, D] (H: the key and
+    value heads, fewer than the query heads under grouped-query attention), allocated once;
     a slot is taken by a sequence and given back for the next without reallocating (its old contents
     are simply overwritten: a row attends only to the positions it has written). A slot takes
     `slot_bytes` of memory.
@@ -39,23 +54,49 @@ class KvSlots:
         return len(self.layers[0]) if self.layers else 0
 
 
-def slot_bytes(config: Gpt2Config, itemsize: int = 4) -> int:
+def slot_bytes(config: CacheShape, itemsize: int = 4) -> int:
     """Bytes of KV cache one slot takes (keys and values of every layer, the whole context)."""
-    return 2 * config.n_layer * config.n_positions * config.n_embd * itemsize
+    return 2 * config.n_layer * config.n_positions * config.n_kv_head * config.head_dim * itemsize
 
 
-def new_cache(kernels, config: Gpt2Config, batch: int = 1, capacity: int | None = None) -> KvCache:
+def new_cache(kernels, config: CacheShape, batch: int = 1, capacity: int | None = None) -> KvCache:
     """An empty KV cache for `batch` sequences of up to `capacity` (default n_positions) tokens, from
     `kernels` (a `CheckedBackend`, which checks the shapes the backend returns)."""
     capacity = config.n_positions if capacity is None else capacity
     c = config
-    layers = [kernels.new_kv_cache(batch, c.n_head, capacity, c.head_dim) for _ in range(c.n_layer)]
+    layers = [kernels.new_kv_cache(batch, c.n_kv_head, capacity, c.head_dim) for _ in range(c.n_layer)]
     return KvCache(layers, capacity)
 
 
-def new_slots(kernels, config: Gpt2Config, n_slots: int) -> KvSlots:
+def new_slots(kernels, config: CacheShape, n_slots: int) -> KvSlots:
     """`n_slots` KV cache slots of the full context each (see `KvSlots`)."""
     c = config
-    layers = [[kernels.new_kv_cache(1, c.n_head, c.n_positions, c.head_dim) for _ in range(n_slots)]
+    layers = [[kernels.new_kv_cache(1, c.n_kv_head, c.n_positions, c.head_dim) for _ in range(n_slots)]
               for _ in range(c.n_layer)]
     return KvSlots(layers, c.n_positions)
+
+
+def pack_rows(rows: Sequence[tuple[Sequence[int], int, int]], slots: KvSlots
+              ) -> tuple[list[int], list[int], list[RaggedRow]]:
+    """A ragged step's rows (new token ids, slot, offset) as one row of ids, their positions, and where
+    each row sits in it; a row that does not fit its slot is a ValueError."""
+    ids: list[int] = []
+    positions: list[int] = []
+    packed: list[RaggedRow] = []
+    for tokens, slot, offset in rows:
+        n = len(tokens)
+        if n == 0 or offset < 0 or offset + n > slots.capacity or not 0 <= slot < slots.n_slots:
+            raise ValueError(f"row of {n} tokens at offset {offset} in slot {slot} does not fit "
+                             f"{slots.n_slots} slots of {slots.capacity} positions")
+        packed.append(RaggedRow(slot, offset, len(ids), n))
+        ids.extend(tokens)
+        positions.extend(range(offset, offset + n))
+    return ids, positions, packed
+
+
+def last_tokens(be, x: Array, packed: Sequence[RaggedRow], wanted: Sequence[int]) -> Array | None:
+    """The last `wanted[r]` positions of each packed row r (a bool: its last position or none; an int n:
+    its last n, as a scored prompt's chunk needs), from x [1, T, C]: [1, sum(wanted), C], or None."""
+    last = [x[:, r.start + r.length - int(w) : r.start + r.length, :]
+            for r, w in zip(packed, wanted, strict=True) if w]
+    return None if not last else last[0] if len(last) == 1 else be.concat(last, axis=1)

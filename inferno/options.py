@@ -4,8 +4,9 @@ One decode step of one sequence, in the order the options apply:
 
     raw logits (float32 row) ──▶ logprobs: logit - logsumexp of the raw row, in float64 (if asked)
                └─▶ repetition penalty ─▶ presence/frequency penalties ─▶ logit bias     (`LogitsProcessor`)
+                   ─▶ constraint mask: disallowed ids get -inf                        (`inferno.structured`)
                    ─▶ temperature ─▶ top-k ─▶ top-p ─▶ draw, or argmax when greedy    (`Sampler`)
-                   ─▶ id ─▶ stop ids ─▶ text ─▶ stop strings                          (`StopStrings`)
+                   ─▶ id ─▶ stop ids ─▶ text ─▶ stop strings ─▶ constraint complete    (`StopStrings`)
 
 * ``repetition_penalty`` (> 0, 1 = off): Hugging Face / CTRL semantics over the prompt and the generated
   tokens: a seen token's logit is divided by the penalty when positive, multiplied when negative.
@@ -18,6 +19,11 @@ One decode step of one sequence, in the order the options apply:
   report them by default).
 * ``stop`` (up to 16 strings), ``stop_ids``: generation ends as soon as the text contains a stop string
   (which is not part of the text) or a stop id is produced.
+* ``constraint`` (an `inferno.structured.Constraint`, needs a tokenizer): only ids the constraint allows
+  may be drawn, an end-of-text id only where the text may end; the sequence ends ("stop") once the
+  constraint is complete and nothing may follow. Logprobs are then those of the masked distribution
+  (the raw logits with the disallowed ids removed, renormalised): alternatives are allowed ids only, and
+  a forced id (the only one allowed, `Step.forced`) has logprob 0 and is taken without a draw.
 
 `SequenceState` holds what one sequence carries from step to step; the batch-1 loop and the engine both
 call its `step`, so a request gives the same tokens whichever path runs it.
@@ -29,11 +35,31 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from numbers import Integral, Real
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from inferno.sampling import Sampler, SamplingError, SamplingParams
+
+
+class ConstraintMatcher(Protocol):
+    """One sequence's place in its constraint (`inferno.structured`, which sits above this module: its
+    errors are OptionErrors), as the step uses it."""
+
+    allowed_count: int
+    finished: bool
+
+    def mask(self, vocab_size: int) -> np.ndarray: ...
+
+    def consume(self, token: int) -> None: ...
+
+
+class Constraint(Protocol):
+    """What the step needs of an `inferno.structured.Constraint`: its kind, and a matcher per sequence."""
+
+    kind: str
+
+    def start(self, tokenizer: Any) -> ConstraintMatcher: ...
 
 MAX_STOP_STRINGS = 16
 MAX_LOGPROBS = 20
@@ -84,6 +110,7 @@ class GenerationOptions:
     frequency_penalty: float = 0.0
     logit_bias: Mapping[int, float] = field(default_factory=dict)
     logprobs: int | None = None
+    constraint: Constraint | None = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalise once, here
@@ -131,6 +158,12 @@ class GenerationOptions:
                               or not 0 <= n <= MAX_LOGPROBS):
             raise OptionError("logprobs", f"must be an integer in [0, {MAX_LOGPROBS}] (or None), got {n!r}")
         set_(self, "logprobs", None if n is None else int(n))
+
+        c = self.constraint  # duck-typed: inferno.structured sits above this module
+        if c is not None and not (isinstance(getattr(c, "kind", None), str)
+                                  and callable(getattr(c, "start", None))):
+            raise OptionError("constraint", f"must be an inferno.structured.Constraint (or None), got "
+                                            f"{type(c).__name__}")
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -246,6 +279,14 @@ def top_logprobs(logits: np.ndarray, n: int, lse: float) -> list[tuple[int, floa
     return [(int(i), float(np.float64(logits[i]) - lse)) for i in ids]
 
 
+def masked_token_logprob(logits: np.ndarray, allowed: np.ndarray, token: int, n: int) -> TokenLogprob:
+    """`token_logprob` of the distribution a constraint leaves: the raw `logits` with the ids not
+    `allowed` removed (renormalised over the allowed ones); the alternatives are allowed ids only."""
+    z = np.where(allowed, logits, -np.inf)
+    lp = token_logprob(z, token, min(n, int(np.count_nonzero(allowed))))
+    return lp
+
+
 def token_logprob(logits: np.ndarray, token: int, n: int) -> TokenLogprob:
     """`token`'s log-probability under the raw `logits` row and the n most likely alternatives: every
     value is ``float64(logit) - logsumexp``, so a token's logprob and its entry among the top are the
@@ -310,13 +351,15 @@ class Step:
     text: str  # the text this token released (may be empty while held back)
     logprob: TokenLogprob | None = None
     finish_reason: str | None = None  # "stop" when this token ended the sequence
+    forced: bool = False  # the constraint allowed this token only
 
 
 class SequenceState:
     """One sequence between steps: its options, penalty counts, sampler (and its RNG), stop matching,
     and the text and logprobs produced so far.
 
-    Without a `decoder`, no text is tracked and stop strings cannot be used.
+    Without a `decoder`, no text is tracked and stop strings cannot be used; a constraint needs a decoder
+    that knows its tokenizer (``decoder.tokenizer``, as `inferno.tokenizer.IncrementalDecoder` does).
     """
 
     def __init__(
@@ -334,6 +377,15 @@ class SequenceState:
         self.processor = LogitsProcessor(options, prompt_ids) if options.penalised else None
         self.decoder = decoder
         self.stop_strings = StopStrings(options.stop) if options.stop else None
+        self.matcher: ConstraintMatcher | None = None
+        if options.constraint is not None:
+            tokenizer = getattr(decoder, "tokenizer", None)
+            if tokenizer is None:
+                raise OptionError("constraint", "needs a tokenizer (use inferno.load(...).generate)")
+            self.matcher = options.constraint.start(tokenizer)
+            # The end of text the constraint allows ends the sequence, even where stop ids leave it out:
+            # it is never part of constrained text.
+            self.stop_ids = self.stop_ids | frozenset(tokenizer.eos_ids)
         self.ids: list[int] = []
         self.pieces: list[str] = []
         self.logprobs: list[TokenLogprob] | None = [] if options.logprobs is not None else None
@@ -345,40 +397,66 @@ class SequenceState:
         return "".join(self.pieces)
 
     def choose(self, logits: np.ndarray) -> int:
-        """The next id for this row of logits (penalties and bias, then the sampler)."""
+        """The next id for this row of logits (penalties and bias, the constraint's mask, the sampler)."""
         z = self.processor(logits) if self.processor is not None else logits
+        if self.matcher is not None:
+            allowed = self.matcher.mask(z.shape[0])
+            if self.matcher.allowed_count == 1:  # forced: no draw
+                return int(np.argmax(allowed))
+            if self.matcher.allowed_count <= z.shape[0] // 2:
+                # Few allowed: sample among them alone, at a fraction of the cost. The same distribution
+                # as the whole row with the others at -inf; without a top-k/top-p cut the same draw too
+                # (their weight, exactly 0, changes no running sum).
+                ids = np.flatnonzero(allowed)
+                return int(ids[self.sampler(z[ids])])
+            z = np.where(allowed, z, -np.inf)
         return self.sampler(z)
 
-    def step(self, logits: np.ndarray, *, last: bool = False) -> Step:
+    def step(self, logits: np.ndarray, *, last: bool = False, token: int | None = None) -> Step:
         """Choose the next token from `logits` (one row, the ids that may be sampled), record it, and
         say what text it releases and whether it ends the sequence. `last`: no token may follow this
-        one (the budget or the context is spent), so the sequence ends with "length" unless it stops."""
-        step = self._step(logits)
+        one (the budget or the context is spent), so the sequence ends with "length" unless it stops.
+        `token`: the id already chosen from these logits (speculative decoding's verification)."""
+        step = self._step(logits, token)
         if last and step.finish_reason is None:
             step.text += self.finish("length")
             step.finish_reason = self.finish_reason
         return step
 
-    def _step(self, logits: np.ndarray) -> Step:
-        token = self.choose(logits)
+    def _step(self, logits: np.ndarray, token: int | None = None) -> Step:
+        token = self.choose(logits) if token is None else int(token)
+        forced = False
         lp = None
-        if self.logprobs is not None:
+        if self.matcher is not None:
+            forced = self.matcher.allowed_count == 1
+            if self.logprobs is not None:
+                allowed = self.matcher.mask(logits.shape[0])
+                lp = masked_token_logprob(logits, allowed, token, self.options.logprobs)
+            if token not in self.stop_ids:
+                self.matcher.consume(token)
+        elif self.logprobs is not None:
             lp = token_logprob(logits, token, self.options.logprobs)
+        if lp is not None:
             self.logprobs.append(lp)
         self.ids.append(token)
         if self.processor is not None:
             self.processor.append(token)
         if token in self.stop_ids:
-            return self._finish(Step(token, self._tail(), lp), token)
+            return self._finish(Step(token, self._tail(), lp, forced=forced), token)
         piece = self.decoder.feed(token) if self.decoder is not None else ""
         matched = None
         if self.stop_strings is not None:
             piece, matched = self.stop_strings.feed(piece)
         if matched is not None:
             self.pieces.append(piece)
-            return self._finish(Step(token, piece, lp), matched)
+            return self._finish(Step(token, piece, lp, forced=forced), matched)
         self.pieces.append(piece)
-        return Step(token, piece, lp)
+        if self.matcher is not None and self.matcher.finished:
+            # The constraint is complete and nothing may follow: the sequence ends here.
+            piece += self._tail()
+            self.finish_reason = "stop"
+            return Step(token, piece, lp, "stop", forced)
+        return Step(token, piece, lp, forced=forced)
 
     def finish(self, reason: str = "length") -> str:
         """End the sequence for `reason` (no more tokens will come); returns the text still held back.

@@ -15,7 +15,7 @@ from numbers import Integral
 
 import numpy as np
 
-from inferno.model import Gpt2
+from inferno.models.causal_lm import CausalLM
 from inferno.options import logsumexp, top_logprobs
 
 #: Rows of logits turned into float64 log-probabilities at a time: 8 rows (3 MiB of float64) stay in the
@@ -78,7 +78,7 @@ def check_request(ids: Sequence[int], stride: int | None, sample_limit: int, con
     return check_stride(config.n_positions // 2 if stride is None else stride, config.n_positions)
 
 
-def score_ids(model: Gpt2, ids: Sequence[int], stride: int | None = None, top_logprobs_n: int = 0,
+def score_ids(model: CausalLM, ids: Sequence[int], stride: int | None = None, top_logprobs_n: int = 0,
               sample_limit: int | None = None) -> ScoreResult:
     """Score `ids` (any length; >= 2 tokens). `stride` defaults to half the context.
 

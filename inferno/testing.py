@@ -15,6 +15,11 @@ changes the logits; random weights make gibberish by design.
 
 Storage dtypes are ``"F32"``, ``"F16"`` and ``"BF16"``; numpy has no bfloat16, so BF16 files go through
 `write_safetensors_raw`, a minimal writer that is also handy for crafting broken files.
+
+The Llama family (`inferno.models.llama`) has its own maker: `llama_config` (one of `LLAMA_VARIANTS`:
+GQA ratios, tied and untied heads, Qwen2's biases, Qwen3's q/k norms, an odd hidden size, rope
+scalings), `llama_state_dict` (Hub names, torch's layout) and `make_llama_dir` (a folder as
+``save_pretrained`` writes it, one file or shards with their index.json).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import save_file
 
-from inferno.config import GPT2_124M, Gpt2Config
+from inferno.models.config import GPT2_124M, Gpt2Config
 
 DTYPES = ("F32", "F16", "BF16")
 
@@ -368,3 +373,173 @@ def make_model_dir(
     else:
         raise ValueError(f"unknown layout {layout!r} (hub or save_pretrained)")
     return directory, config, stored_state_dict(sd, dtype)
+
+
+# ------------------------------------------------------------------------- random Llama-family models
+
+#: Small Llama-family configs, one per variant the forward pass has: GQA ratios 1, 2 and 4, tied and untied
+#: LM heads, Qwen2's q/k/v biases, Qwen3's q/k norms, Llama's attention_bias, an odd hidden size (with an
+#: explicit head_dim, as Mistral's), and both kinds of rope_scaling.
+LLAMA_VARIANTS: dict[str, dict[str, Any]] = {
+    "llama": {"model_type": "llama", "num_attention_heads": 4, "num_key_value_heads": 2},
+    "llama-mha-tied": {"model_type": "llama", "num_attention_heads": 4, "num_key_value_heads": 4,
+                       "tie_word_embeddings": True},
+    "llama-gqa4-bias": {"model_type": "llama", "num_attention_heads": 4, "num_key_value_heads": 1,
+                        "attention_bias": True},
+    "llama3-scaling": {"model_type": "llama", "num_attention_heads": 4, "num_key_value_heads": 2,
+                       "rope_theta": 500000.0, "tie_word_embeddings": True,
+                       "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                        "high_freq_factor": 4.0, "original_max_position_embeddings": 16}},
+    "llama-linear-scaling": {"model_type": "llama", "num_attention_heads": 2, "num_key_value_heads": 1,
+                             "rope_scaling": {"type": "linear", "factor": 2.0}},
+    "mistral-odd": {"model_type": "mistral", "hidden_size": 35, "num_attention_heads": 4,
+                    "num_key_value_heads": 2, "head_dim": 8, "sliding_window": None},
+    "qwen2": {"model_type": "qwen2", "num_attention_heads": 4, "num_key_value_heads": 2,
+              "tie_word_embeddings": True, "use_sliding_window": False, "sliding_window": 4096},
+    "qwen3": {"model_type": "qwen3", "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 6},
+}
+_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                  "qwen3": "Qwen3ForCausalLM"}
+
+
+def llama_config(variant: str = "llama", **overrides: Any) -> dict[str, Any]:
+    """A small Llama-family config.json object: `LLAMA_VARIANTS[variant]` over these defaults (24 wide,
+    2 layers, 64 tokens, a context of 64), then `overrides`."""
+    d: dict[str, Any] = {"vocab_size": 64, "hidden_size": 24, "intermediate_size": 40, "num_hidden_layers": 2,
+                         "max_position_embeddings": 64, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+                         "hidden_act": "silu", "tie_word_embeddings": False, "bos_token_id": 1,
+                         "eos_token_id": 2}
+    d.update(LLAMA_VARIANTS[variant])
+    d.update(overrides)
+    d["architectures"] = [_ARCHITECTURES[d["model_type"]]]
+    return d
+
+
+def llama_state_dict(config: dict[str, Any], seed: int = 0) -> dict[str, np.ndarray]:
+    """Random float32 weights of a Llama-family config.json object under the Hub's names, in torch's
+    layout ([out, in] Linear weights), as ``save_pretrained`` writes them (no lm_head.weight when tied).
+    Every tensor is random, norms' gains included (1 + noise), so each one visibly matters."""
+    rng = np.random.default_rng(seed)
+    c = config
+    C, V, inner, n_layer = c["hidden_size"], c["vocab_size"], c["intermediate_size"], c["num_hidden_layers"]
+    heads = c["num_attention_heads"]
+    kv_heads = c.get("num_key_value_heads") or heads
+    d = c.get("head_dim") or C // heads
+    o_bias = bool(c.get("attention_bias")) and c["model_type"] in ("llama", "qwen3")
+    qkv_bias = c["model_type"] == "qwen2" or o_bias
+
+    def normal(*shape: int, scale: float = 1.0) -> np.ndarray:
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    def gain(n: int) -> np.ndarray:
+        return (1.0 + rng.standard_normal(n) * 0.2).astype(np.float32)
+
+    # A tied LM head reads the embedding back: a small one keeps the current token from dominating the
+    # logits (greedy decoding would repeat it forever).
+    tied = c.get("tie_word_embeddings", False)
+    sd = {"model.embed_tokens.weight": normal(V, C, scale=0.1 if tied else 1.0)}
+    for i in range(n_layer):
+        p = f"model.layers.{i}."
+        sd[p + "input_layernorm.weight"] = gain(C)
+        sd[p + "self_attn.q_proj.weight"] = normal(heads * d, C, scale=2 * C**-0.5)
+        sd[p + "self_attn.k_proj.weight"] = normal(kv_heads * d, C, scale=2 * C**-0.5)
+        sd[p + "self_attn.v_proj.weight"] = normal(kv_heads * d, C, scale=C**-0.5)
+        sd[p + "self_attn.o_proj.weight"] = normal(C, heads * d, scale=(heads * d) ** -0.5)
+        if qkv_bias:
+            sd[p + "self_attn.q_proj.bias"] = normal(heads * d, scale=0.2)
+            sd[p + "self_attn.k_proj.bias"] = normal(kv_heads * d, scale=0.2)
+            sd[p + "self_attn.v_proj.bias"] = normal(kv_heads * d, scale=0.2)
+        if o_bias:
+            sd[p + "self_attn.o_proj.bias"] = normal(C, scale=0.2)
+        if c["model_type"] == "qwen3":
+            sd[p + "self_attn.q_norm.weight"] = gain(d)
+            sd[p + "self_attn.k_norm.weight"] = gain(d)
+        sd[p + "post_attention_layernorm.weight"] = gain(C)
+        sd[p + "mlp.gate_proj.weight"] = normal(inner, C, scale=C**-0.5)
+        sd[p + "mlp.up_proj.weight"] = normal(inner, C, scale=C**-0.5)
+        sd[p + "mlp.down_proj.weight"] = normal(C, inner, scale=inner**-0.5)
+    sd["model.norm.weight"] = gain(C)
+    if not tied:
+        sd["lm_head.weight"] = normal(V, C, scale=C**-0.5)
+    return sd
+
+
+def make_llama_dir(directory: str | os.PathLike[str], config: dict[str, Any] | str = "llama", *,
+                   seed: int = 0, shards: int = 1, dtype: str = "F32") -> tuple[Path, dict, dict]:
+    """Write config.json and the weights of a random Llama-family model into `directory` as
+    ``save_pretrained`` does: one model.safetensors, or `shards` files with a model.safetensors.index.json.
+    `config` is a config.json object or a `LLAMA_VARIANTS` name. Returns (directory, config object, the
+    state dict as the loader reads it back: values rounded through `dtype`, torch's layout)."""
+    config = llama_config(config) if isinstance(config, str) else dict(config)
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    sd = llama_state_dict(config, seed)
+    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    if shards <= 1:
+        save_tensors(directory / "model.safetensors", sd, dtype)
+    else:
+        names = list(sd)
+        weight_map = {}
+        for k in range(shards):
+            part = {n: sd[n] for n in names[k::shards]}
+            file = f"model-{k + 1:05d}-of-{shards:05d}.safetensors"
+            save_tensors(directory / file, part, dtype)
+            weight_map.update(dict.fromkeys(part, file))
+        index = {"metadata": {"total_size": sum(4 * a.size for a in sd.values())}, "weight_map": weight_map}
+        (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    return directory, config, stored_state_dict(sd, dtype)
+
+
+# ------------------------------------------------------------------ a Llama-family model with its tokenizer
+
+#: The special tokens of `llama_tokenizer_files` (Llama 3's names), after the 256 byte tokens.
+LLAMA_SPECIAL_TOKENS = ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
+                        "<|eot_id|>")
+#: A chat template in Llama 3's format (shorter: no date, no tools).
+LLAMA_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}<|start_header_id|>{{ message['role'] }}<|end_header_id|>"
+    "\n\n{{ message['content'] | trim }}<|eot_id|>{% endfor %}{% if add_generation_prompt %}"
+    "<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}")
+
+
+def _byte_chars() -> list[str]:
+    """GPT-2's printable stand-ins for the 256 bytes, in byte order (as `inferno.tokenizer` has them)."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    extra = iter(range(256, 512))
+    return [chr(b) if b in keep else chr(next(extra)) for b in range(256)]
+
+
+def llama_tokenizer_files(chat_template: str | None = LLAMA_CHAT_TEMPLATE) -> dict[str, bytes]:
+    """A byte-level BPE tokenizer as a Llama 3 repo ships it, small: tokenizer.json (the 256 bytes, two
+    merges, `LLAMA_SPECIAL_TOKENS` from id 256), tokenizer_config.json (BOS, EOS, the chat template when
+    given) and generation_config.json (EOS ids 257 and 260, as Llama 3 Instruct lists two)."""
+    chars = _byte_chars()
+    vocab = {c: i for i, c in enumerate(chars)}
+    merges = ["Ġ t", "h e"]
+    added = [{"id": 256 + k, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+              "normalized": False, "special": True} for k, t in enumerate(LLAMA_SPECIAL_TOKENS)]
+    vocab.update({"Ġt": 256 + len(added), "he": 257 + len(added)})
+    tokenizer = {"version": "1.0", "added_tokens": added, "normalizer": None,
+                 "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                                   "use_regex": True},
+                 "post_processor": None, "decoder": {"type": "ByteLevel"},
+                 "model": {"type": "BPE", "vocab": vocab, "merges": merges}}
+    config: dict[str, Any] = {"bos_token": LLAMA_SPECIAL_TOKENS[0], "eos_token": LLAMA_SPECIAL_TOKENS[4]}
+    if chat_template is not None:
+        config["chat_template"] = chat_template
+    return {"tokenizer.json": json.dumps(tokenizer).encode(),
+            "tokenizer_config.json": json.dumps(config).encode(),
+            "generation_config.json": json.dumps({"bos_token_id": 256, "eos_token_id": [257, 260]}).encode()}
+
+
+def make_llama_model(directory: str | os.PathLike[str], variant: str = "llama", *, seed: int = 0,
+                     shards: int = 1, chat_template: str | None = LLAMA_CHAT_TEMPLATE,
+                     **overrides: Any) -> Path:
+    """A random Llama-family model that `inferno.load` takes, text in and out: `make_llama_dir` at a
+    vocabulary of 264 with `llama_tokenizer_files` beside it (the chat template too, unless None)."""
+    config = llama_config(variant, **{"vocab_size": 264, "bos_token_id": 256, "eos_token_id": [257, 260],
+                                      **overrides})
+    directory, _, _ = make_llama_dir(directory, config, seed=seed, shards=shards)
+    for name, data in llama_tokenizer_files(chat_template).items():
+        (directory / name).write_bytes(data)
+    return directory

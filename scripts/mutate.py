@@ -38,10 +38,10 @@ TESTS: dict[str, tuple[list[str], list[str], list[str]]] = {
                  ["tests/test_sampling.py", "tests/test_options.py", "tests/test_generate.py"], []),
     "generate": (["inferno/generate.py"],
                  ["tests/test_generate.py", "tests/test_model.py", "tests/test_options.py"], []),
-    "tokenizer": (["inferno/tokenizer.py"],
+    "tokenizer": (["inferno/tokenizer/*.py"],
                   ["tests/test_tokenizer.py", "tests/test_tokenizer_oracles.py",
                    "tests/test_tokenizer_vocab_merges.py"], []),
-    "weights": (["inferno/weights.py"],
+    "weights": (["inferno/models/weights.py"],
                 ["tests/test_weights.py", "tests/test_weights_stream.py", "tests/test_weights_chunks.py",
                  "tests/test_model.py",
                  "tests/test_generate.py"],
@@ -49,7 +49,7 @@ TESTS: dict[str, tuple[list[str], list[str], list[str]]] = {
                  "tests/test_model.py::test_greedy_matches_transformers"]),
     "registry": (["inferno/backends/registry.py"], ["tests/test_registry.py", "tests/test_backends.py"], []),
     "options": (["inferno/options.py"], ["tests/test_options.py", "tests/test_engine.py"], []),
-    "engine": (["inferno/engine.py"],
+    "engine": (["inferno/engine/*.py"],
                ["tests/test_engine.py", "tests/serve/test_serve_inprocess.py"], []),
     "schemas": (["inferno/serve/schemas.py"],
                 ["tests/serve/test_schemas_unit.py", "tests/serve/test_serve_schema.py",
@@ -65,12 +65,16 @@ TESTS: dict[str, tuple[list[str], list[str], list[str]]] = {
     "kv": (["inferno/kv.py"],
            ["tests/test_kv.py", "tests/test_model.py", "tests/test_engine.py",
             "tests/test_faults_backends.py"], []),
-    "routes": (["inferno/serve/routes/*.py"],
-               ["tests/serve/test_serve_routes.py", "tests/serve/test_serve_inprocess.py",
-                "tests/serve/test_serve_playground_api.py"], []),
+    # The server's logic: the serving objects and the generation pieces they share (the routes are one
+    # call each into a serving object).
+    "serving": (["inferno/serve/serving*.py", "inferno/serve/running.py", "inferno/serve/planning.py",
+                 "inferno/serve/echo.py", "inferno/serve/token_texts.py"],
+                ["tests/serve/test_serve_routes.py", "tests/serve/test_serve_inprocess.py",
+                 "tests/serve/test_serve_playground_api.py", "tests/serve/test_serve_cancel.py"], []),
     "args": (["inferno/cli/_args.py"], ["tests/test_cli_args.py", "tests/test_cli.py"], []),
 }
-COPIED = ["inferno", "tests", "pyproject.toml"]  # the shipped gpt2 files are inside inferno/ (data/gpt2)
+# The shipped gpt2 files are inside inferno/ (data/gpt2); scripts/ holds the hooks (mutation_hooks.py).
+COPIED = ["inferno", "tests", "scripts", "pyproject.toml"]
 
 
 def workdir(name: str, files: list[str], tests: list[str], deselect: list[str],

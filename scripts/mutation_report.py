@@ -4,12 +4,12 @@
     python scripts/mutation_report.py --survivors     # also every mutant not killed and not listed
     python scripts/mutation_report.py --mutants DIR   # the results of another run (scripts/mutate.py's)
 
-Reads mutmut's per-file results (DIR/**/*.py.meta) and the equivalent or message-only mutants listed in
-docs/mutation.md (lines starting with "- `inferno....__mutmut_N`"). A mutant counts as killed when a test
-failed on it (or its test process crashed); one whose tests failed only by running into their time
-limit (pytest-timeout, exit 70 from tests/conftest.py) is a kill too, named "hung" with --survivors. A
-timeout (mutmut's own limit) is not a kill: it is counted on its own, left out of the score, and named
-with --survivors, so that it can be re-run alone (`mutmut run NAME`).
+Reads mutmut's per-file results (DIR/**/*.py.meta) and the equivalent or message-only mutants listed
+in scripts/equivalent_mutants.md (lines starting with "- `inferno....__mutmut_N`"). A mutant counts as
+killed when a test failed on it (or its test process crashed); one whose tests failed only by running
+into their time limit (pytest-timeout, exit 70 from scripts/mutation_hooks.py) is a kill too, named
+"hung" with --survivors. A timeout (mutmut's own limit) is not a kill: it is counted on its own, left
+out of the score, and named with --survivors, so that it can be re-run alone (`mutmut run NAME`).
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DOC = ROOT / "docs" / "mutation.md"
+DOC = ROOT / "scripts" / "equivalent_mutants.md"
 LISTED = re.compile(r"^- `(inferno\.[^`]+__mutmut_\d+)`", re.M)
 # mutmut's exit codes: a failing test, pytest's internal error, the test process ending with 255 (a mutant
 # that breaks what the tests' collection imports); and its timeouts (its own, or SIGXCPU).
 KILLED = {1, 3, 255}
 TIMEOUT = {36, 24, -24, 152}
-# A session whose only failure was a test running into pytest-timeout's limit (tests/conftest.py's
+# A session whose only failure was a test running into pytest-timeout's limit (mutation_hooks.py's
 # MUTATION_HANG_EXIT): the mutant hangs the tests. A kill, counted apart from the assertions' kills.
 HUNG = 70
 

@@ -1,12 +1,8 @@
-"""Shared fixtures."""
+"""Shared fixtures. (The hooks of mutation runs are scripts/mutation_hooks.py, loaded only by them.)"""
 
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
-from collections import defaultdict
-from pathlib import Path
 
 import pytest
 from goldens import golden_model, write_model_dir
@@ -33,47 +29,6 @@ def _parametrized_by_a_mark(metafunc, name: str) -> bool:
         if name in names:
             return True
     return False
-
-
-def pytest_collection_modifyitems(config, items):
-    # Under mutmut (a mutant's run, with -x), the test files that took least time in its stats run go
-    # first: a mutant is then killed by the quick unit tests of its module rather than after seconds of
-    # slower files that also reach it (mutmut passes the tests in no particular order). Each file's own
-    # order is kept, so that its module- and session-scoped fixtures are set up as usual.
-    if not os.environ.get("MUTANT_UNDER_TEST") or not Path("mutmut-stats.json").is_file():
-        return
-    try:
-        durations = json.loads(Path("mutmut-stats.json").read_text())["duration_by_test"]
-    except (OSError, ValueError, KeyError):
-        return
-    per_file: dict[str, float] = defaultdict(float)
-    for item in items:
-        per_file[item.nodeid.split("::")[0]] += durations.get(item.nodeid, 0.0)
-    items.sort(key=lambda item: per_file[item.nodeid.split("::")[0]])
-    # The tests' time limit (--timeout, pytest-timeout) is for a test that hangs, never for one that is
-    # slow on a loaded machine: a test gets ten times what it took in the stats run, when that is more.
-    if base := getattr(config.option, "timeout", None):
-        for item in items:
-            if 10 * durations.get(item.nodeid, 0.0) > base:
-                item.add_marker(pytest.mark.timeout(10 * durations[item.nodeid]))
-
-
-#: Exit status of a mutant's test session that failed only by running into pytest-timeout's limit (the
-#: mutation environment's ``--timeout``): scripts/mutation_report.py counts such a mutant as hung, beside
-#: the kills, so that a hang is never reported as an assertion catching the mutant.
-MUTATION_HANG_EXIT = 70
-_timed_out: list[str] = []
-
-
-def pytest_runtest_logreport(report):
-    under_mutation = os.environ.get("MUTANT_UNDER_TEST")
-    if report.failed and under_mutation and "from pytest-timeout" in str(report.longrepr):
-        _timed_out.append(report.nodeid)
-
-
-def pytest_sessionfinish(session, exitstatus):
-    if _timed_out and exitstatus == pytest.ExitCode.TESTS_FAILED:
-        session.exitstatus = MUTATION_HANG_EXIT
 
 
 def pytest_generate_tests(metafunc):

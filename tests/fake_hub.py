@@ -1,6 +1,7 @@
 """A local stand-in for the Hugging Face Hub (two HTTP servers on 127.0.0.1), and small model files for it.
+Tests point HF_ENDPOINT at it, so that huggingface_hub really downloads from it.
 
-It answers as huggingface.co does, closely enough for huggingface_hub and inferno's own downloader:
+It answers as huggingface.co does, closely enough for huggingface_hub:
 
 * ``HEAD``/``GET /{org}/{name}/resolve/{revision}/{file}`` on the Hub server: ``X-Repo-Commit``; for a small
   file ``ETag`` (its git blob hash) and the body; for a ``.safetensors`` file (stored with LFS on the Hub) a
@@ -9,15 +10,20 @@ It answers as huggingface.co does, closely enough for huggingface_hub and infern
   (404);
 * the CDN server serves ``/cdn/<sha256>``, honouring ``Range`` (206), and can drop the connection midway.
 
-Every request is recorded (method, path, Range and Authorization headers).
+And it misbehaves on demand, per file name: a redirect elsewhere (`redirect`), headers of its own
+(`extra_headers`), a body far longer than the size it listed (`oversize`), a gzipped body that
+expands far past it (`gzip`), a body that trickles (`trickle`). Every request is recorded (method, path,
+Range and Authorization headers).
 """
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import http.server
 import json
 import threading
+import time
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,7 +59,9 @@ def weights_bytes(config=CONFIG, seed: int = 0) -> bytes:
 CONTENT = {
     "config.json": config_json() + b"\n",
     "model.safetensors": weights_bytes(),
-    "tokenizer.json": json.dumps({"model": {"type": "BPE", "merges": _MERGES, "vocab": _VOCAB}}).encode(),
+    "tokenizer.json": json.dumps({"model": {"type": "BPE", "merges": _MERGES, "vocab": _VOCAB},
+                                  "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False},
+                                  "decoder": {"type": "ByteLevel"}}).encode(),
     "vocab.json": json.dumps(_VOCAB).encode(),
     "merges.txt": ("#version: 0.2\n" + "\n".join(_MERGES) + "\n").encode(),
 }
@@ -83,6 +91,13 @@ class FakeHub:
         self.drops_left = 10**9  # how many times it hangs up
         self.ignore_range = False
         self.lie_sha256: set[str] = set()  # names whose X-Linked-Etag is wrong
+        self.redirect: dict[str, str] = {}  # name → where the Hub sends it (a 302 with the file's metadata)
+        self.extra_headers: dict[str, dict[str, str]] = {}  # name → headers that replace the Hub's
+        self.oversize: dict[str, int] = {}  # name → bytes of junk its GET streams, without Content-Length
+        self.trickle: dict[str, float] = {}  # name → seconds between the single bytes its GET sends
+        self.gzip: dict[str, int] = {}  # name → zero bytes its GET sends gzipped, asked for or not
+        self.accept_encoding: list[str | None] = []  # the Accept-Encoding of each GET
+        self.sent: dict[str, int] = {}  # name → body bytes written before the client hung up (those two)
         self.hub = self._serve(self._hub_handler)
         self.cdn = self._serve(self._cdn_handler)
         self.url = f"http://127.0.0.1:{self.hub.server_address[1]}"
@@ -165,8 +180,19 @@ class FakeHub:
                 data = repo.commits[commit].get(name)
                 if data is None:
                     return self.error(404, "EntryNotFound", commit)
+                extra = fake.extra_headers.get(name, {})
+                if name in fake.redirect:
+                    self.send_response(302)
+                    self.send_header("X-Repo-Commit", commit)
+                    self.send_header("Location", fake.redirect[name])
+                    self.send_header("X-Linked-Etag", f'"{hashlib.sha256(data).hexdigest()}"')
+                    self.send_header("X-Linked-Size", str(len(data)))
+                    self.send_header("ETag", f'"{git_blob_hash(data)}"')
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 self.send_response(302 if is_lfs(name) else 200)
-                self.send_header("X-Repo-Commit", commit)
+                self.send_header("X-Repo-Commit", extra.get("X-Repo-Commit", commit))
                 if is_lfs(name):
                     sha = hashlib.sha256(data).hexdigest()
                     shown = hashlib.sha256(data + b"x").hexdigest() if name in fake.lie_sha256 else sha
@@ -177,11 +203,17 @@ class FakeHub:
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                     return
-                self.send_header("ETag", f'"{git_blob_hash(data)}"')
-                self.send_header("Content-Length", str(len(data)))
+                self.send_header("ETag", extra.get("ETag", f'"{git_blob_hash(data)}"'))
+                if body:
+                    fake.accept_encoding.append(self.headers.get("Accept-Encoding"))
+                if body and name in fake.gzip:
+                    data = gzip.compress(bytes(fake.gzip[name]))
+                    self.send_header("Content-Encoding", "gzip")
+                if not (body and name in fake.oversize):  # that one's length is the connection's
+                    self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 if body:
-                    self.wfile.write(data)
+                    fake._send_body(self.wfile, name, data)
 
             def log_message(self, *args: object) -> None:
                 pass
@@ -232,6 +264,27 @@ class FakeHub:
 
         return Handler
 
+    def _send_body(self, out, name: str, data: bytes) -> None:
+        """`data`, or the misbehaviour asked for `name`: junk well past the listed size, or a trickle."""
+        self.sent[name] = 0
+        try:
+            if name in self.oversize:
+                junk = b"x" * 65536
+                while self.sent[name] < self.oversize[name]:
+                    out.write(junk)
+                    self.sent[name] += len(junk)
+            elif name in self.trickle:
+                for i in range(len(data)):
+                    out.write(data[i:i + 1])
+                    out.flush()
+                    self.sent[name] += 1
+                    time.sleep(self.trickle[name])
+            else:
+                out.write(data)
+                self.sent[name] = len(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client hung up, as it should
+
     def close(self) -> None:
         for server in (self.hub, self.cdn):
             server.shutdown()
@@ -248,7 +301,7 @@ def env(tmp_path, monkeypatch):
     work.mkdir()
     monkeypatch.chdir(work)
     for var in ("HF_HUB_OFFLINE", "INFERNO_OFFLINE", "HF_HOME", "HUGGINGFACE_HUB_CACHE", "XDG_CACHE_HOME",
-                "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "INFERNO_DOWNLOADER"):
+                "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "INFERNO_DOWNLOAD_STALL_SECONDS"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))  # huggingface_hub's token file: none
@@ -257,15 +310,6 @@ def env(tmp_path, monkeypatch):
     monkeypatch.setenv("no_proxy", "*")
     monkeypatch.setenv("NO_PROXY", "*")
     return work
-
-
-@pytest.fixture(params=["urllib", "huggingface_hub"])
-def downloader(request, monkeypatch):
-    """Each test runs with inferno's own downloader, and with huggingface_hub's where it is installed."""
-    if request.param == "huggingface_hub":
-        pytest.importorskip("huggingface_hub")
-    monkeypatch.setenv("INFERNO_DOWNLOADER", request.param)
-    return request.param
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from inferno.config import Gpt2Config
+from inferno.models.config import Gpt2Config
 from inferno.testing import random_state_dict, small_config, write_config, write_hub_safetensors
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from inferno.config import Gpt2Config
+from inferno.models.config import Gpt2Config
 
 
 def hf_model(config: Gpt2Config, sd: dict[str, np.ndarray]) -> GPT2LMHeadModel:

@@ -103,7 +103,8 @@ class FusedMlpWithoutBias(NumpyBackend):
 
 
 # attention and everything built on it (the inspection checks too: their caches are written by write_kv)
-ATTN = {"attention", "self_attention", "kv_cache", "model", "attention_weights", "self_attention_weights"}
+ATTN = {"attention", "self_attention", "kv_cache", "model", "attention_weights", "self_attention_weights",
+        "gqa_attention"}  # the numpy backend's gqa_attention is its attention when there are as many kv heads
 BROKEN = [
     # backend, the check that must fail, kernels allowed to fail with it (those built on the broken one)
     (WrongEpsLayernorm, "layernorm-small-variance", {"layernorm", "model"}),

@@ -35,8 +35,8 @@ from inferno.jobs.progress import Progress as _Progress
 #: afterwards this becomes [sys.executable, "-m", "inferno", "batch"].
 BATCH = [sys.executable, "-m", "inferno", "batch"]
 
-RESULT_KEYS = {"id", "prompt_ids", "ids", "text", "finish_reason", "stop_reason", "backend", "new_tokens",
-               "seconds", "tokens_per_second"}
+RESULT_KEYS = {"id", "input_hash", "prompt_ids", "ids", "text", "finish_reason", "stop_reason", "backend",
+               "new_tokens", "seconds", "tokens_per_second"}
 STATS = re.compile(r"^\[(\d+) requests, \d+ new tokens in \d+\.\d\d s, \d+\.\d tok/s; (\d+) skipped "
                    r"\(already in OUT\), (\d+) malformed\]$")
 
@@ -354,7 +354,7 @@ def test_requests_the_engine_fails_are_reported_and_not_written(model_dir, tmp_p
     err = capsys.readouterr().err
     assert code == 1, err
     for line, rid in ((1, "a"), (2, "b")):
-        # The model names the backend and the kernel that raised (inferno.model's guard).
+        # The model names the backend and the kernel that raised (inferno.models.gpt2's guard).
         assert (f'in.jsonl:{line}: id "{rid}" failed: BackendError: backend \'broken-batch-test\': lm_head '
                 "raised FloatingPointError: the LM head broke") in err
     assert err.strip().splitlines()[-1].endswith("0 malformed, 2 failed (run again to retry them)]")

@@ -78,7 +78,8 @@ def test_json_report(capsys, model_dir):
     report = json.loads(out)
     assert report["weights"] == str(model_dir)
     assert (report["prompt_tokens"], report["new_tokens"], report["repeat"]) == (6, 3, 2)
-    assert report["model"] == {"n_layer": 2, "n_head": 2, "n_embd": 32, "vocab_size": 50257}
+    assert report["model"] == {"n_layer": 2, "n_head": 2, "n_kv_head": 2, "n_embd": 32, "vocab_size": 50257}
+    assert (report["family"], report["model_type"]) == ("gpt2", "gpt2")
     assert report["machine"]["usable_cores"] >= 1
     rows = {r["backend"]: r for r in report["results"]}
     assert list(rows) == ["numpy", "cpu-threaded"]
@@ -97,7 +98,7 @@ def test_json_report(capsys, model_dir):
 def test_a_failing_backend_is_reported_and_the_others_still_run(capsys, registered, model_dir):
     code, out, err = bench(capsys, "--model-dir", str(model_dir), "--backends", "broken-bench-test", *FAST)
     assert code == 1
-    # The model names the backend and the kernel that raised (inferno.model's guard).
+    # The model names the backend and the kernel that raised (inferno.models.gpt2's guard).
     assert ("broken-bench-test failed: BackendError: backend 'broken-bench-test': lm_head raised "
             "FloatingPointError: the LM head broke") in out
     assert any(line.startswith("numpy ") and line.endswith("1.00x") for line in out.splitlines())
@@ -121,7 +122,8 @@ def test_random_weights_when_no_model_is_found(capsys, tmp_path, monkeypatch):
     assert code == 0, err
     report = json.loads(out)
     assert report["weights"] == "random (GPT-2 124M shape)"
-    assert report["model"] == {"n_layer": 12, "n_head": 12, "n_embd": 768, "vocab_size": 50257}
+    assert report["model"] == {"n_layer": 12, "n_head": 12, "n_kv_head": 12, "n_embd": 768,
+                               "vocab_size": 50257}
     assert "building random 124M-shape weights" in err
 
 
@@ -166,7 +168,7 @@ def test_split_specs_keeps_options_together():
 
 @pytest.mark.heavy
 def test_random_weights_have_the_124m_shape():
-    from inferno.weights import expected_shapes
+    from inferno.models.weights import expected_shapes
 
     weights = random_weights(GPT2_124M)
     assert {k: v.shape for k, v in weights.items()} == {

@@ -14,7 +14,7 @@ from inferno.backends.checked import CheckedBackend, NonFiniteLogitsError
 from inferno.backends.numpy_backend import NumpyBackend
 from inferno.errors import BackendError
 from inferno.inspect import inspect_ids
-from inferno.model import Gpt2
+from inferno.models.gpt2 import Gpt2
 from inferno.testing import random_state_dict, small_config
 
 CONFIG = small_config()  # n_embd 16, 2 heads of 8, 2 layers, vocab 64, 16 positions

@@ -213,7 +213,7 @@ def assert_missing_files_error(proc: subprocess.CompletedProcess, *needles: str)
     assert proc.returncode == 2, (proc.returncode, proc.stderr)
     assert "Traceback" not in proc.stderr
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 2 and lines[0].startswith("inferno: error: GPT-2 model file(s) "), proc.stderr
+    assert len(lines) == 2 and lines[0].startswith("inferno: error: model file(s) "), proc.stderr
     assert " missing: " in lines[0], proc.stderr
     for needle in needles:
         assert needle in lines[0], f"{needle!r} not in {lines[0]!r}"

@@ -206,14 +206,14 @@ def test_decode_text():
 
 def test_user_errors_are_the_ones_a_user_can_fix():
     from inferno.backends.registry import BackendOptionError, BackendUnavailableError, UnknownBackendError
-    from inferno.config import ConfigError
     from inferno.generate import GenerationError
-    from inferno.hub import ModelFilesMissing
     from inferno.jobs import JobError
+    from inferno.models.config import ConfigError
+    from inferno.models.resolve import ModelFilesMissing
+    from inferno.models.weights import WeightsError
     from inferno.sampling import SamplingError
     from inferno.scoring import ScoringError
     from inferno.tokenizer import TokenizerError
-    from inferno.weights import WeightsError
 
     assert set(user_errors()) == {CliError, JobError, ConfigError, WeightsError, TokenizerError,
                                   ModelFilesMissing, UnknownBackendError, BackendUnavailableError,

@@ -1,6 +1,7 @@
 """A newcomer's first run and everyday use of `inferno` (issue #16): the fetch suggestion when model files
-are missing, the prompt from stdin or -f, short flags, the summary line, hints for unquoted prompts and
-'--', `inferno serve`, the README's snippets, and random weights whose sampling differs from greedy.
+are missing, a bare name that is also a folder here (issue #39), the prompt from stdin or -f, short flags,
+the summary line, hints for unquoted prompts and '--', `inferno serve`, the README's snippets, and random
+weights whose sampling differs from greedy.
 
 CLI tests run the real entry point in a subprocess, with stdin redirected explicitly (a piped stdin is
 read as prompt text).
@@ -20,9 +21,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cli_helpers import offline_env, run_inferno
+from fake_hub import cache_snapshot
 from goldens import TOKENIZER_JSON, golden_model, write_model_dir
 
 import inferno
+from inferno.models.resolve import RANDOM_HINT
 from inferno.testing import random_state_dict, small_config, spread_state_dict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,7 +83,7 @@ def missing_files_lines(proc: subprocess.CompletedProcess) -> list[str]:
     assert "Traceback" not in proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 2, proc.stderr
-    assert lines[0].startswith("inferno: error: GPT-2 model file(s) ") and " missing: " in lines[0], lines
+    assert lines[0].startswith("inferno: error: model file(s) ") and " missing: " in lines[0], lines
     return lines
 
 
@@ -125,9 +128,7 @@ def test_the_old_include_form_fetches_nothing_it_names(monkeypatch):
 def test_a_failed_download_names_the_hf_command_that_fetches_the_model(tmp_path, env, monkeypatch):
     """A Hub name that cannot be downloaded: the second line is an `hf download` that fetches what is
     missing into the shared cache (no --local-dir), checked against hf's own parser."""
-    env = dict(env, PATH=path_with_hf(tmp_path), HF_ENDPOINT="http://127.0.0.1:9",
-               INFERNO_DOWNLOADER="urllib",
-               no_proxy="*", NO_PROXY="*")
+    env = dict(env, PATH=path_with_hf(tmp_path), HF_ENDPOINT="http://127.0.0.1:9", no_proxy="*", NO_PROXY="*")
     del env["INFERNO_OFFLINE"]
     proc = run(["-m", "user/x", "Hi"], env, cwd=tmp_path)
     lines = missing_files_lines(proc)
@@ -139,7 +140,7 @@ def test_a_failed_download_names_the_hf_command_that_fetches_the_model(tmp_path,
     assert list(tmp_path.iterdir()) == [tmp_path / "hf"] or not any(tmp_path.glob("user*"))
 
 
-# ------------------------------------------------------- 2. without hf: inferno's own downloader, and offline
+# ------------------------------------------------------- 2. without hf on PATH, and offline
 
 
 
@@ -151,14 +152,52 @@ def test_without_hf_offline_the_message_says_what_to_do(tmp_path, env):
 
 
 
-def test_without_hf_a_failed_download_says_what_to_do_offline(tmp_path, env):
+def test_without_hf_on_path_the_fetch_command_runs_hf_through_this_python(tmp_path, env, monkeypatch):
+    # huggingface_hub is a dependency, so its CLI is there even when its `hf` script is not on PATH (a
+    # virtual environment not activated): the command runs it as a module of this Python.
     env = dict(env, PATH=path_without_hf(tmp_path), HF_ENDPOINT="http://127.0.0.1:9", no_proxy="*",
-               NO_PROXY="*", INFERNO_DOWNLOADER="urllib")
+               NO_PROXY="*")
     del env["INFERNO_OFFLINE"]
     lines = missing_files_lines(run(["-m", "user/x", "Hi"], env, cwd=tmp_path))
     assert "download failed" in lines[0] and "127.0.0.1:9" in lines[0]
-    assert "-m random" in lines[1] and 'pip install "inferno-gpt2[hub]", then hf download user/x' in lines[1]
+    assert lines[1].startswith("fetch it with: ") and lines[1].endswith("; or try " + RANDOM_HINT), lines
+    argv = shlex.split(lines[1].removeprefix("fetch it with: ").split(";")[0])
+    assert argv[:3] == [sys.executable, "-m", "huggingface_hub.cli.hf"]
+    calls, caught = hf_download_calls(["hf", *argv[3:]], monkeypatch)
+    assert caught == [] and fetched(calls, "user/x") == (["config.json"], None)
     assert not any(tmp_path.glob("user*"))
+
+
+# --------------------------------------------- a bare name that is also a folder here (#39, the first hour)
+
+
+def test_a_short_name_that_is_also_a_folder_here_says_which_one_was_used(tmp_path, env):
+    # `hf download openai-community/gpt2 --local-dir gpt2` leaves a ./gpt2 folder; `-m gpt2` is still the
+    # Hub model (here a small stand-in in the cache), and one line says so and how to pick the folder.
+    cache_snapshot(tmp_path / "hf" / "hub")
+    work = tmp_path / "work"
+    config, sd, _ = golden_model("greedy")
+    write_model_dir(work / "gpt2", config, sd)  # the real GPT-2 tokenizer: "Hi" is one token
+    hub = run(["-m", "gpt2", "-n", "1", "-j", "Hi"], env, cwd=work)
+    assert hub.returncode == 0, hub.stderr
+    assert hub.stderr.splitlines()[0] == ("inferno: note: using the Hub model openai-community/gpt2, not the "
+                                          "folder ./gpt2 here (-m ./gpt2 for the folder)")
+    assert len(json.loads(hub.stdout)["prompt_ids"]) == 2  # the stand-in's byte-level vocabulary
+    folder = run(["-m", "./gpt2", "-n", "1", "-j", "Hi"], env, cwd=work)
+    assert folder.returncode == 0 and "note:" not in folder.stderr, folder.stderr
+    assert json.loads(folder.stdout)["prompt_ids"] == [17250]
+
+
+def test_a_repo_id_that_is_also_a_folder_here_says_which_one_was_used(tmp_path, env):
+    work = tmp_path / "work"
+    config, sd, _ = golden_model("greedy")
+    write_model_dir(work / "acme" / "tiny", config, sd)
+    proc = run(["-m", "acme/tiny", "-n", "1", "-j", "Hi"], env, cwd=work)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines()[0] == ("inferno: note: using the folder ./acme/tiny, not the Hub model "
+                                           "of that name (-m acme/tiny@main for the Hub model)")
+    other = run(["-m", "acme/tiny@main", "-n", "1", "-j", "Hi"], env, cwd=work)  # offline: not in the cache
+    assert other.returncode == 2 and "of acme/tiny missing" in other.stderr and "note:" not in other.stderr
 
 
 class _Files(http.server.SimpleHTTPRequestHandler):
@@ -338,7 +377,7 @@ def test_random_weights_spread_at_the_124m_shape():
     from inferno.backends.registry import get_backend
     from inferno.bench import GPT2_124M, RANDOM_LOGIT_STD, random_weights
     from inferno.generate import generate_tokens
-    from inferno.model import Gpt2
+    from inferno.models.gpt2 import Gpt2
     from inferno.options import GenerationOptions
 
     model = Gpt2.from_weights(GPT2_124M, random_weights(GPT2_124M), get_backend("numpy"))

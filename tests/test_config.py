@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from inferno.config import ConfigError, Gpt2Config
+from inferno.models.config import ConfigError, Gpt2Config
 
 REPO_CONFIG = Path(__file__).resolve().parent.parent / "inferno" / "data" / "gpt2" / "config.json"
 

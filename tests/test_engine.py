@@ -21,8 +21,8 @@ import inferno
 from inferno.api import Pipeline
 from inferno.engine import Engine, EngineClosedError, EngineError, QueueFullError
 from inferno.generate import ContextLengthError, GenerationError
-from inferno.hub import shipped_gpt2_file
-from inferno.model import Gpt2, NonFiniteLogitsError, slot_bytes
+from inferno.models.gpt2 import Gpt2, NonFiniteLogitsError, slot_bytes
+from inferno.models.resolve import shipped_gpt2_file
 from inferno.options import GenerationOptions, OptionError
 
 NEAR_TIE = 1e-4
@@ -839,7 +839,7 @@ def test_a_zero_timeout_never_waits_even_on_a_clock_that_has_not_ticked(pipe, mo
     # no time is left, so the submission fails at once instead of waiting for room.
     import types
 
-    import inferno.engine as engine_module
+    import inferno.engine.scheduler as engine_module
 
     readings = itertools.chain([1000.0, 1000.0], itertools.count(1001.0))
     monkeypatch.setattr(engine_module, "time", types.SimpleNamespace(

@@ -24,8 +24,9 @@ import inferno
 from inferno.backends import registry
 from inferno.backends.numpy_backend import NumpyBackend
 from inferno.backends.registry import BackendError, BackendOptionError, get_backend
-from inferno.backends.threaded import MAX_THREADS, ThreadedBackend
-from inferno.model import Gpt2, NonFiniteLogitsError
+from inferno.backends.threaded import ThreadedBackend
+from inferno.cpu import MAX_THREADS
+from inferno.models.gpt2 import Gpt2, NonFiniteLogitsError
 
 ROOT = Path(__file__).resolve().parents[1]
 

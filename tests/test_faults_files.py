@@ -13,11 +13,11 @@ import pytest
 from test_faults_common import assert_one_line_error, cli_env, copy_model, run_cli
 
 import inferno
-import inferno.weights as weights_module
-from inferno.config import ConfigError, Gpt2Config
+import inferno.models.weights as weights_module
+from inferno.models.config import ConfigError, Gpt2Config
+from inferno.models.weights import WeightsError, WeightsMemoryError, load_weights
 from inferno.testing import random_state_dict, small_config, write_hub_safetensors, write_safetensors_raw
 from inferno.tokenizer import Tokenizer, TokenizerError
-from inferno.weights import WeightsError, WeightsMemoryError, load_weights
 
 
 def generate(d: Path, tmp_path: Path, *flags: str):

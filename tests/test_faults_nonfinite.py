@@ -15,9 +15,9 @@ from test_faults_common import assert_one_line_error, cli_env, run_cli
 import inferno
 from inferno.backends.registry import get_backend
 from inferno.engine import Engine
-from inferno.model import Gpt2, NonFiniteLogitsError
+from inferno.models.gpt2 import Gpt2, NonFiniteLogitsError
+from inferno.models.weights import WeightsError, load_weights
 from inferno.testing import random_state_dict, small_config, write_hub_safetensors
-from inferno.weights import WeightsError, load_weights
 
 CASES = {
     "nan-in-wte": ("wte.weight", (3, 5), np.nan),

@@ -23,7 +23,7 @@ from inferno.generate import (
     new_token_budget,
     token_ids,
 )
-from inferno.model import Gpt2, NonFiniteLogitsError
+from inferno.models.gpt2 import Gpt2, NonFiniteLogitsError
 from inferno.options import GenerationOptions, OptionError
 from inferno.sampling import SamplingParams
 

@@ -100,13 +100,18 @@ def test_a_mistyped_flag_gets_the_flag_it_resembles(env, model_dir):
     assert_one_line_error(proc, "--temprature", "did you mean --temperature?")
 
 
-def test_a_word_like_a_subcommand_is_still_a_prompt_with_a_note(env, model_dir):
+def test_a_word_like_a_subcommand_stops_before_loading_and_says_how_to_generate_from_it(env, model_dir):
+    """A one-word prompt one edit from a subcommand is taken for a typo (exit 2, nothing loaded); after
+    `--` or with `-p` it is a prompt, and the same prompt either way."""
     proc = run_inferno(["backend", "-m", str(model_dir), "-n", "2", "-j"], env)
-    assert proc.returncode == 0, proc.stderr
-    assert "did you mean 'inferno backends'?" in proc.stderr
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert "did you mean `inferno backends`?" in proc.stderr
+    assert "inferno -- backend" in proc.stderr and "inferno -p backend" in proc.stderr
     quiet = run_inferno(["-m", str(model_dir), "-n", "2", "-j", "--", "backend"], env)
-    assert "did you mean" not in quiet.stderr
-    assert json.loads(proc.stdout)["prompt_ids"] == json.loads(quiet.stdout)["prompt_ids"]
+    flag = run_inferno(["-m", str(model_dir), "-n", "2", "-j", "-p", "backend"], env)
+    assert quiet.returncode == flag.returncode == 0, quiet.stderr + flag.stderr
+    assert "did you mean" not in quiet.stderr + flag.stderr
+    assert json.loads(flag.stdout)["prompt_ids"] == json.loads(quiet.stdout)["prompt_ids"]
     far = run_inferno(["elephant", "-m", str(model_dir), "-n", "1"], env)
     assert far.returncode == 0 and "did you mean" not in far.stderr
 

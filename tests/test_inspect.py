@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from inferno.backends.numpy_backend import NumpyBackend
 from inferno.inspect import Inspection, InspectionError, inspect_ids
-from inferno.model import Gpt2
+from inferno.models.gpt2 import Gpt2
 from inferno.testing import random_state_dict, small_config
 
 CONFIG = small_config(vocab_size=211, n_positions=40, n_embd=30, n_layer=2, n_head=3)

@@ -23,7 +23,7 @@ from hf_oracle import hf_model  # noqa: E402
 
 from inferno.backends.registry import get_backend  # noqa: E402
 from inferno.inspect import inspect_ids  # noqa: E402
-from inferno.model import Gpt2  # noqa: E402
+from inferno.models.gpt2 import Gpt2  # noqa: E402
 from inferno.testing import random_state_dict, small_config  # noqa: E402
 
 pytestmark = pytest.mark.oracle

@@ -63,7 +63,8 @@ def test_an_unknown_key_names_the_closest_known_one_and_lists_them_all():
 
 
 @pytest.mark.parametrize("obj, message", [
-    ({"id": 1}, 'no "prompt" (text, or a list of token ids; "" for unconditional text)'),
+    ({"id": 1}, 'no "prompt" (text, or a list of token ids; "" for unconditional text) nor "messages" (a '
+                'conversation for the model\'s chat template)'),
     ({"prompt": 5}, "prompt must be text or a list of token ids, got 5"),
     ({"prompt": [1, "a"]}, 'prompt: a list of token ids must hold integers, got "a"'),
     ({"prompt": "a", "max_new_tokens": -1}, "max_new_tokens must be an integer >= 0, got -1"),
@@ -91,7 +92,8 @@ def test_a_line_with_an_error_still_claims_its_id():
 
 def test_the_options_are_checked_against_the_sample_limit_not_the_vocabulary(pipe):
     # A vocabulary padded past the tokenizer's: ids at or above the limit cannot be decoded.
-    padded = SimpleNamespace(config=pipe.config, encode=pipe.encode, sample_limit=100)
+    padded = SimpleNamespace(config=pipe.config, encode=pipe.encode, sample_limit=100,
+                             tokenizer=pipe.tokenizer)
     req = _line({"prompt": "Hi", "logit_bias": {"150": 1.0}})
     check_request(pipe, req)  # below the vocabulary: fine
     assert req.prompt_ids == pipe.encode("Hi")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from inferno.jobs.generate import parse_requests
-from inferno.jobs.lines import LineError, parse_rows, read_object, split_lines
+from inferno.jobs.lines import LineError, LongLine, parse_rows, read_object, split_lines
 from inferno.jobs.score import parse_score_requests
 
 
@@ -49,9 +49,11 @@ def test_parse_rows_carries_the_id_of_a_line_error():
 
 def test_split_lines_numbers_every_line_and_drops_only_cr_bom_and_blanks():
     data = b'\xef\xbb\xbf{"a": 1}\r\n\r\n \t\n\r{"b": 2} \r\n{"c": 3}\x0c\n'
-    assert split_lines(data) == [(1, b'{"a": 1}'), (4, b'\r{"b": 2} '), (5, b'{"c": 3}\x0c')]
-    assert split_lines(b"x\n") == [(1, b"x")] and split_lines(b"") == []
-    assert split_lines(b"aX\r\nX\r") == [(1, b"aX"), (2, b"X")]  # only CR is stripped
+    assert list(split_lines(data)) == [(1, b'{"a": 1}'), (4, b'\r{"b": 2} '), (5, b'{"c": 3}\x0c')]
+    assert list(split_lines(b"x\n")) == [(1, b"x")] and list(split_lines(b"")) == []
+    assert list(split_lines(b"aX\r\nX\r")) == [(1, b"aX"), (2, b"X")]  # only CR is stripped
+    assert list(split_lines(b"\n\na")) == [(3, b"a")]
+    assert list(split_lines(b"\xef\xbb\xbf\n b")) == [(2, b" b")]
 
 
 def test_a_line_that_is_not_utf8_is_reported_and_the_next_lines_still_read():
@@ -64,3 +66,12 @@ def test_a_line_that_is_not_utf8_is_reported_and_the_next_lines_still_read():
 def test_a_form_feed_after_the_object_is_not_json_whitespace():
     requests, errors = parse_requests(b'{"prompt": "a"}\x0c\n', 4, True)
     assert requests == [] and len(errors) == 1 and errors[0][1].startswith("not valid JSON: Extra data")
+
+
+def test_split_lines_gives_the_length_of_a_line_past_its_limit_instead_of_the_line():
+    data = b"\xef\xbb\xbf" + b"x" * 10 + b"\n" + b"y" * 11 + b"\r\n\n" + b"z" * 30 + b"\nq\n" + b"w" * 11
+    got = list(split_lines(data, 10))
+    assert got == [(1, b"x" * 10), (2, 12), (4, 30), (5, b"q"), (6, 11)]  # CR counted, the newline not
+    assert [type(raw) for _, raw in got] == [bytes, LongLine, LongLine, bytes, LongLine]
+    assert list(split_lines(data)) == [(1, b"x" * 10), (2, b"y" * 11), (4, b"z" * 30), (5, b"q"),
+                                       (6, b"w" * 11)]

@@ -8,7 +8,7 @@ from goldens import golden_model
 
 from inferno.backends.numpy_backend import NumpyBackend
 from inferno.kv import new_cache, new_slots, slot_bytes
-from inferno.model import Gpt2
+from inferno.models.gpt2 import Gpt2
 
 
 @pytest.fixture(scope="module")

@@ -11,10 +11,10 @@ import inferno
 from inferno.api import Pipeline
 from inferno.backends.numpy_backend import NumpyBackend
 from inferno.generate import ContextLengthError, GenerationError, generate_tokens
-from inferno.model import Gpt2
+from inferno.models.gpt2 import Gpt2
+from inferno.models.weights import load_weights
 from inferno.sampling import SamplingParams
 from inferno.testing import random_state_dict, small_config
-from inferno.weights import iter_weights, load_weights
 
 # Logits agree with HF's float64 forward to this fraction of the largest |logit| (float32 compute).
 LOGITS_RTOL = 1e-4
@@ -180,7 +180,8 @@ def test_sample_limit_keeps_ids_below_it(greedy_pipeline):
 
 def test_padded_vocabulary_samples_only_tokenizer_ids(tmp_path):
     # Some exports pad the vocabulary (nanoGPT: 50304); ids past the tokenizer's could not be decoded.
-    config = small_config(vocab_size=50304, n_positions=32, n_embd=16, n_layer=1, n_head=2)
+    config = small_config(vocab_size=50304, n_positions=32, n_embd=16, n_layer=1, n_head=2,
+                          bos_token_id=50256, eos_token_id=50256)  # the tokenizer's, as nanoGPT keeps them
     pipe = inferno.load(write_model_dir(tmp_path, config, random_state_dict(config, 7)), "numpy",
                         download=False)
     assert pipe.tokens("Hi", max_new_tokens=1).sample_limit == 50257
@@ -199,16 +200,17 @@ def test_numpy_backend_loads_decode_weights_transposed(greedy_pipeline):
 
 @pytest.mark.parametrize("backend", ["numpy", "cpu-threaded:threads=2"])
 def test_load_hands_the_loaders_arrays_over_without_a_copy(tmp_path, monkeypatch, backend):
-    import inferno.api
+    import inferno.models.gpt2
 
     loaded = {}
+    read = inferno.models.gpt2.iter_weights  # what the GPT-2 family's loader reads with
 
     def spy(*args, **kwargs):
-        for name, a in iter_weights(*args, **kwargs):
+        for name, a in read(*args, **kwargs):
             loaded[name] = a
             yield name, a
 
-    monkeypatch.setattr(inferno.api, "iter_weights", spy)
+    monkeypatch.setattr(inferno.models.gpt2, "iter_weights", spy)
     config = small_config(vocab_size=50257, n_positions=32, n_embd=16, n_layer=2, n_head=2)
     directory = write_model_dir(tmp_path, config, random_state_dict(config, 3))
     model = inferno.load(directory, backend, download=False).model

@@ -407,7 +407,8 @@ def test_repetition_penalty_with_prompt_ids_past_the_sampled_ones(tmp_path):
     # A vocabulary padded past the tokenizer's: prompt ids there are valid but never sampled.
     from inferno.testing import random_state_dict, small_config
 
-    config = small_config(vocab_size=50260, n_positions=16, n_embd=16, n_layer=1, n_head=2)
+    config = small_config(vocab_size=50260, n_positions=16, n_embd=16, n_layer=1, n_head=2,
+                          bos_token_id=50256, eos_token_id=50256)  # the tokenizer's, as exports keep them
     pipe = inferno.load(write_model_dir(tmp_path, config, random_state_dict(config, 1)), "numpy",
                         download=False)
     result = pipe.generate([1, 2, 50258], max_new_tokens=3, repetition_penalty=1.2, stop_at_eos=False)
@@ -497,7 +498,7 @@ def test_options_are_converted_to_plain_values():
 
 def test_unknown_options_are_named_first_in_order_with_every_known_one():
     names = ("temperature", "top_k", "top_p", "seed", "stop", "stop_ids", "repetition_penalty",
-             "presence_penalty", "frequency_penalty", "logit_bias", "logprobs")
+             "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "constraint")
     assert GenerationOptions.names() == names
     with pytest.raises(OptionError) as info:
         GenerationOptions.from_kwargs(zeta=1, temperature=0.5, alpha=2)

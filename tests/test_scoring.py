@@ -13,7 +13,7 @@ import inferno
 from inferno.api import Pipeline
 from inferno.backends.numpy_backend import NumpyBackend
 from inferno.conformance.checks import dtype_name, tolerance_for
-from inferno.model import Gpt2
+from inferno.models.gpt2 import Gpt2
 from inferno.scoring import ScoringError, score_ids, windows
 from inferno.testing import random_state_dict, small_config
 from inferno.tokenizer import Tokenizer

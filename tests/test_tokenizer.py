@@ -134,9 +134,9 @@ def test_pair_form_merges_give_same_ids(tok: Tokenizer, raw_json: dict, tmp_path
 
 def test_heap_merge_agrees_with_simple_merge(tok: Tokenizer, monkeypatch: pytest.MonkeyPatch) -> None:
     """Force every piece through the heap-based merge (normally only for long pieces)."""
-    text = ADVERSARIAL.read_bytes().decode("utf-8") + MIXED + Path(tokmod.__file__).read_text()
+    text = ADVERSARIAL.read_bytes().decode("utf-8") + MIXED + Path(tokmod.bpe.__file__).read_text()
     expected = Tokenizer.from_file(TOKENIZER_JSON).encode(text)
-    monkeypatch.setattr(tokmod, "_LONG_PIECE", 1)
+    monkeypatch.setattr(tokmod.bpe, "_LONG_PIECE", 1)
     assert Tokenizer.from_file(TOKENIZER_JSON).encode(text) == expected
 
 
@@ -149,9 +149,9 @@ def test_every_token_is_what_bpe_makes_of_it(tok: Tokenizer) -> None:
 
 
 def test_piece_cache_is_bounded(tok: Tokenizer, monkeypatch: pytest.MonkeyPatch) -> None:
-    text = ADVERSARIAL.read_bytes().decode("utf-8") + Path(tokmod.__file__).read_text()
+    text = ADVERSARIAL.read_bytes().decode("utf-8") + Path(tokmod.bpe.__file__).read_text()
     expected = tok.encode(text)
-    monkeypatch.setattr(tokmod, "_CACHE_SIZE", 10)
+    monkeypatch.setattr(tokmod.bpe, "_CACHE_SIZE", 10)
     small = Tokenizer.from_file(TOKENIZER_JSON)
     base = len(small._cache)
     for _ in range(2):
@@ -306,7 +306,39 @@ def _nested_json(depth: int) -> str:
         ('{"version": "1.0"}', "no 'model' object"),
         ('{"model": [1]}', "no 'model' object"),
         (_broken(lambda d: d["model"].update(type="WordPiece")),
-         "model.type is 'WordPiece'; only 'BPE' is supported"),
+         "model.type is 'WordPiece' (a WordPiece tokenizer): inferno reads byte-level BPE tokenizers only"),
+        (_broken(lambda d: d["model"].update(type="Unigram")),
+         "model.type is 'Unigram' (a SentencePiece Unigram tokenizer): inferno reads byte-level BPE"),
+        (_broken(lambda d: d["model"].update(byte_fallback=True)),
+         "model.byte_fallback is set (a SentencePiece-style BPE tokenizer): inferno reads byte-level BPE"),
+        (_broken(lambda d: d.update(pre_tokenizer={"type": "Metaspace", "replacement": "▁"})),
+         "pre_tokenizer is Metaspace (a SentencePiece-style tokenizer): inferno reads byte-level BPE"),
+        (_broken(lambda d: d.update(pre_tokenizer=None)),
+         "no pre_tokenizer (text is not mapped to bytes): inferno reads byte-level BPE"),
+        (_broken(lambda d: d.update(pre_tokenizer={"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": " "}, "behavior": "Isolated", "invert": False}]})),
+         "the pre_tokenizer has no ByteLevel step (text is not mapped to bytes): inferno reads byte-level"),
+        (_broken(lambda d: d.update(pre_tokenizer={"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": " "}, "behavior": "Removed", "invert": False},
+            {"type": "ByteLevel", "use_regex": False}]})),
+         "pre_tokenizer.pretokenizers[0]: Split with behavior 'Removed' is not supported (only Isolated)"),
+        (_broken(lambda d: d.update(pre_tokenizer={"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": "(("}, "behavior": "Isolated"},
+            {"type": "ByteLevel", "use_regex": False}]})),
+         "pre_tokenizer.pretokenizers[0].pattern does not compile: "),
+        (_broken(lambda d: d.update(pre_tokenizer={"type": "Sequence", "pretokenizers": [
+            {"type": "ByteLevel"}, {"type": "Digits"}]})),
+         "pre_tokenizer.pretokenizers[1] (Digits) comes after ByteLevel: not supported"),
+        (_broken(lambda d: d.update(decoder={"type": "ByteFallback"})),
+         "decoder 'ByteFallback' is not ByteLevel: inferno reads byte-level BPE"),
+        (_broken(lambda d: d.update(post_processor={"type": "RobertaProcessing"})),
+         "post_processor 'RobertaProcessing' is not supported (only TemplateProcessing, ByteLevel)"),
+        (_broken(lambda d: d["model"].update(dropout=0.1)), "model.dropout 0.1 is not supported"),
+        (_broken(lambda d: d["model"].update(ignore_merges="yes")),
+         "model.ignore_merges is 'yes', not true or false"),
+        (_broken(lambda d: d.update(normalizer={"type": "NFC"}) or d["added_tokens"][0].update(
+            normalized=True)),
+         "added_tokens[0] ('<|endoftext|>') is matched after the normalizer (normalized: true): not"),
         (_broken(lambda d: d["model"].pop("vocab")), "model.vocab is missing or not a non-empty object"),
         (_broken(lambda d: d["model"].update(vocab=[])), "model.vocab is missing or not a non-empty object"),
         (_broken(lambda d: d["model"].update(vocab={})), "model.vocab is missing or not a non-empty object"),
@@ -367,15 +399,12 @@ def _nested_json(depth: int) -> str:
          "model.continuing_subword_prefix '##' is not supported"),
         (_broken(lambda d: d["model"].update(end_of_word_suffix="</w>")),
          "model.end_of_word_suffix '</w>' is not supported"),
-        (_broken(lambda d: d.update(normalizer={"type": "NFC"})), "a normalizer is not supported"),
+        (_broken(lambda d: d.update(normalizer={"type": "NFKC"})),
+         "normalizer 'NFKC' is not supported (only NFC)"),
         (_broken(lambda d: d.update(pre_tokenizer={"type": "Whitespace"})),
-         "pre_tokenizer must be ByteLevel, found {'type': 'Whitespace'}"),
+         "pre_tokenizer is 'Whitespace': inferno reads byte-level BPE tokenizers only"),
         (_broken(lambda d: d.update(pre_tokenizer="ByteLevel")),
-         "pre_tokenizer must be ByteLevel, found 'ByteLevel'"),
-        (_broken(lambda d: d["pre_tokenizer"].update(add_prefix_space=True)),
-         "pre_tokenizer ByteLevel with add_prefix_space or without use_regex is not supported"),
-        (_broken(lambda d: d["pre_tokenizer"].update(use_regex=False)),
-         "pre_tokenizer ByteLevel with add_prefix_space or without use_regex is not supported"),
+         "pre_tokenizer is 'ByteLevel', not an object"),
         (_broken(lambda d: d.update(added_tokens={"a": 1})), "added_tokens is not a list"),
         (_broken(lambda d: d.update(added_tokens=[{"content": "x"}])),
          "added_tokens[0] needs 'id' and 'content'"),
@@ -415,12 +444,12 @@ def test_a_tokenizer_json_that_is_not_a_regular_file_or_too_large(tmp_path: Path
     assert str(info.value) == f"{fifo}: not a regular file: it is a named pipe (FIFO)"
     path = _write(tmp_path, json.dumps(_minimal()))
     size = path.stat().st_size
-    monkeypatch.setattr(tokmod, "MAX_TOKENIZER_BYTES", size - 1)
+    monkeypatch.setattr(tokmod.reader, "MAX_TOKENIZER_BYTES", size - 1)
     with pytest.raises(TokenizerError) as info:
         Tokenizer.from_file(path)
     limit = f"more than the {size - 1}-byte limit for a tokenizer.json"
     assert str(info.value) == f"{path}: is {size} bytes, {limit}"
-    monkeypatch.setattr(tokmod, "MAX_TOKENIZER_BYTES", size)
+    monkeypatch.setattr(tokmod.reader, "MAX_TOKENIZER_BYTES", size)
     assert len(Tokenizer.from_file(path)) == 258
 
 
@@ -501,7 +530,11 @@ def test_a_duplicate_merge_keeps_its_first_rank(tmp_path: Path) -> None:
 def test_merges_without_any_leave_every_piece_as_bytes(tmp_path: Path) -> None:
     tok = _tokenizer(tmp_path, lambda d: d["model"].update(merges=[]))
     assert tok.encode("abab") == [tok.encode("a")[0], tok.encode("b")[0]] * 2
-    assert tok.encode("ab") == [256]  # a whole token is one lookup, merges or not
+    # A token that no merge builds is not what BPE makes of "ab" (Hugging Face agrees: [64, 65]), unless
+    # the file says to take a piece that is a whole token whole (Llama 3's ignore_merges).
+    assert tok.encode("ab") == [64, 65]
+    whole = _tokenizer(tmp_path, lambda d: d["model"].update(merges=[], ignore_merges=True))
+    assert whole.encode("ab") == [256] and whole.encode("abab") == [64, 65, 64, 65]
 
 
 def test_the_longest_special_token_wins(tmp_path: Path) -> None:
@@ -654,3 +687,11 @@ def test_repr_names_the_source(tmp_path: Path) -> None:
 def test_missing_file_is_an_os_error(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         Tokenizer.from_file(tmp_path / "nope.json")
+
+
+def test_a_file_without_a_pre_tokenizer_key_is_read_as_gpt2s(tmp_path: Path) -> None:
+    # Hand-written files leave it out; a null pre_tokenizer (no pre-tokenization at all) is refused.
+    data = _minimal()
+    del data["pre_tokenizer"]
+    text = "ab cab's  12\n"
+    assert Tokenizer.from_dict(data).encode(text) == Tokenizer.from_dict(_minimal()).encode(text)

@@ -100,7 +100,7 @@ def test_a_file_over_the_size_limit_is_refused_naming_the_file_and_what_it_is(tm
         paths[1] = tmp_path / "merges.txt"
         paths[1].write_bytes(files[1].read_bytes() + b"\n" * files[0].stat().st_size)
     limit = 100 if which == 0 else files[0].stat().st_size
-    monkeypatch.setattr(tok, "MAX_TOKENIZER_BYTES", limit)
+    monkeypatch.setattr(tok.reader, "MAX_TOKENIZER_BYTES", limit)
     with pytest.raises(TokenizerError) as info:
         Tokenizer.from_vocab_merges(*paths)
     message, size = str(info.value), paths[which].stat().st_size

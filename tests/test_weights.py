@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-import inferno.weights as weights_module
+import inferno.models.safetensors_reader as reader_module
+import inferno.models.weights as weights_module
+from inferno.models.weights import WeightsError, expected_shapes, load_weights, read_safetensors_header
 from inferno.testing import (
     DTYPES,
     hub_layout,
@@ -26,7 +28,6 @@ from inferno.testing import (
     write_safetensors_raw,
     write_save_pretrained_safetensors,
 )
-from inferno.weights import WeightsError, expected_shapes, load_weights, read_safetensors_header
 
 
 @pytest.fixture
@@ -143,7 +144,7 @@ def test_fortran_order_on_request(tmp_path, monkeypatch, dtype, chunk_rows):
     # The transposed copy is made a few rows at a time: exercise one row, uneven chunks and one chunk.
     directory, config, expected = make_model_dir(tmp_path, dtype=dtype, seed=4)
     itemsize = 4 if dtype == "F32" else 2  # chunks are sized in the file's bytes
-    monkeypatch.setattr(weights_module, "TRANSPOSE_CHUNK_BYTES", chunk_rows * itemsize * config.n_embd)
+    monkeypatch.setattr(reader_module, "TRANSPOSE_CHUNK_BYTES", chunk_rows * itemsize * config.n_embd)
     fortran = {"wte.weight", "h.1.mlp.c_proj.weight", "h.0.attn.c_attn.weight"}
     requested = []
 
@@ -348,7 +349,7 @@ def test_an_os_error_on_open_is_a_weights_error(tmp_path, monkeypatch, cfg, erro
     def refuse(path, **kwargs):
         raise error
 
-    monkeypatch.setattr(weights_module, "open_regular_file", refuse)
+    monkeypatch.setattr(reader_module, "open_regular_file", refuse)
     assert load_error(tmp_path / "m.safetensors", cfg).problems == [problem]
 
 
@@ -380,9 +381,9 @@ def test_absurd_header_length(tmp_path, cfg):
 def test_the_header_size_limit(tmp_path, monkeypatch):
     path = write_safetensors_raw(tmp_path / "m.safetensors", {"x": ("F32", (2,), b"\0" * 8)})
     header_len = int.from_bytes(path.read_bytes()[:8], "little")
-    monkeypatch.setattr(weights_module, "MAX_HEADER_BYTES", header_len)
+    monkeypatch.setattr(reader_module, "MAX_HEADER_BYTES", header_len)
     assert set(read_safetensors_header(path).tensors) == {"x"}  # exactly at the limit: fine
-    monkeypatch.setattr(weights_module, "MAX_HEADER_BYTES", header_len - 1)
+    monkeypatch.setattr(reader_module, "MAX_HEADER_BYTES", header_len - 1)
     with pytest.raises(WeightsError) as info:
         read_safetensors_header(path)
     assert info.value.problems == [f"header length {header_len} exceeds the {header_len - 1}-byte limit"]
@@ -779,10 +780,10 @@ def test_the_non_finite_check_sums_each_value_once_as_it_is_read(tmp_path, monke
     # Each piece is summed right after it is read (C order: views of the loaded array; F order: the rows
     # read before they are transposed), every value once; finite weights are never counted one by one.
     path = write_hub_safetensors(tmp_path / "m.safetensors", sd, cfg)
-    monkeypatch.setattr(weights_module, "READ_CHUNK_BYTES", 28)
-    monkeypatch.setattr(weights_module, "TRANSPOSE_CHUNK_BYTES", 4 * 2 * cfg.n_embd)
-    seen, real = [], weights_module._sums_finite
-    monkeypatch.setattr(weights_module, "_sums_finite", lambda a: seen.append(a) or real(a))
+    monkeypatch.setattr(reader_module, "READ_CHUNK_BYTES", 28)
+    monkeypatch.setattr(reader_module, "TRANSPOSE_CHUNK_BYTES", 4 * 2 * cfg.n_embd)
+    seen, real = [], reader_module._sums_finite
+    monkeypatch.setattr(reader_module, "_sums_finite", lambda a: seen.append(a) or real(a))
     monkeypatch.setattr(weights_module, "_count_nonfinite", lambda a: pytest.fail("counted"))
     w = load_weights(path, cfg, lambda name: order)
     monkeypatch.undo()
@@ -921,7 +922,7 @@ def test_sizes_in_words(n, text):
 
 
 class FakeFiles:
-    """`open` for inferno.weights: these paths hold this text, every other one does not exist."""
+    """`open` for inferno.models.weights: these paths hold this text, every other one does not exist."""
 
     def __init__(self, files: dict[str, str]):
         self.files = files
@@ -1082,7 +1083,7 @@ def test_a_file_truncated_while_comparing_the_head_is_a_weights_error(tmp_path, 
 
 
 class FstatLies:
-    """`os` for inferno.weights, whose fstat says the file is bigger than it is (it shrank meanwhile)."""
+    """`os` for inferno.models.weights, whose fstat says the file is bigger than it is (it shrank since)."""
 
     def __getattr__(self, name):
         return getattr(os, name)
@@ -1099,6 +1100,7 @@ def test_a_file_that_shrinks_before_the_header_is_read(tmp_path, monkeypatch, cf
     path = tmp_path / "m.safetensors"
     path.write_bytes(content)
     monkeypatch.setattr(weights_module, "os", FstatLies())
+    monkeypatch.setattr(reader_module, "os", FstatLies())
     problem = f"file ended while reading {what} (file changed while reading?)"
     assert load_error(path, cfg).problems == [problem]
     with pytest.raises(WeightsError) as info:

@@ -1,5 +1,5 @@
-"""Loading in pieces (inferno/weights.py), with the piece sizes made small so that a small model's tensors
-span many of them: the Fortran-order read a few rows at a time (with its helper thread), the count of
+"""Loading in pieces (inferno/models/weights.py), with the piece sizes made small so that a small model's
+tensors span many of them: the Fortran-order read a few rows at a time (with its helper thread), the count of
 non-finite values slice by slice, and the finiteness check's sums, which must not warn when a sum of
 finite values overflows or when +Inf meets -Inf."""
 
@@ -10,9 +10,9 @@ import warnings
 import numpy as np
 import pytest
 
-from inferno import weights
+from inferno.models import safetensors_reader as reader
+from inferno.models.weights import WeightsError, load_weights
 from inferno.testing import random_state_dict, save_tensors, small_config
-from inferno.weights import WeightsError, load_weights
 
 F_ORDER = ("c_attn.weight", "c_fc.weight", "wte.weight")
 
@@ -37,7 +37,7 @@ def test_a_fortran_order_tensor_read_in_pieces_is_the_same_tensor(tmp_path, conf
                                                                    chunk):
     path = save_tensors(tmp_path / "model.safetensors", sd, dtype)
     want = load_weights(path, config)
-    monkeypatch.setattr(weights, "TRANSPOSE_CHUNK_BYTES", chunk)
+    monkeypatch.setattr(reader, "TRANSPOSE_CHUNK_BYTES", chunk)
     got = load_weights(path, config, _order)
     for name, a in got.items():
         assert a.flags.f_contiguous if _order(name) == "F" else a.flags.c_contiguous, name
@@ -47,8 +47,8 @@ def test_a_fortran_order_tensor_read_in_pieces_is_the_same_tensor(tmp_path, conf
 
 @pytest.mark.parametrize("order", [None, _order])
 def test_a_nan_in_any_slice_is_counted(tmp_path, config, sd, monkeypatch, order):
-    monkeypatch.setattr(weights, "_FINITE_CHUNK", 4)
-    monkeypatch.setattr(weights, "TRANSPOSE_CHUNK_BYTES", 64)
+    monkeypatch.setattr(reader, "_FINITE_CHUNK", 4)
+    monkeypatch.setattr(reader, "TRANSPOSE_CHUNK_BYTES", 64)
     bad = dict(sd)
     w = bad["h.0.mlp.c_fc.weight"].copy()
     w.flat[-1] = np.nan  # far past the first slices
@@ -82,7 +82,7 @@ def test_sums_that_overflow_or_meet_opposite_infinities_do_not_warn(tmp_path, co
 @pytest.mark.parametrize("chunk", [64, 4096])
 def test_a_float32_tensor_read_in_pieces_is_the_same_tensor(tmp_path, config, sd, monkeypatch, chunk):
     path = save_tensors(tmp_path / "model.safetensors", sd)
-    monkeypatch.setattr(weights, "READ_CHUNK_BYTES", chunk)  # each piece read where the last one ended
+    monkeypatch.setattr(reader, "READ_CHUNK_BYTES", chunk)  # each piece read where the last one ended
     got = load_weights(path, config)
     for name, a in got.items():
         np.testing.assert_array_equal(a, sd[name], err_msg=name)

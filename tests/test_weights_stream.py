@@ -11,8 +11,8 @@ import pytest
 
 import inferno
 from inferno.backends.numpy_backend import NumpyBackend
+from inferno.models.weights import WeightsError, iter_weights, load_weights
 from inferno.testing import random_state_dict, save_pretrained_layout, save_tensors, small_config
-from inferno.weights import WeightsError, iter_weights, load_weights
 
 
 @pytest.fixture(scope="module")

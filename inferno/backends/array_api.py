@@ -247,6 +247,54 @@ class ArrayApiBackend(Backend):
         y = xp.tensordot(xp.reshape(x, (-1, x.shape[-1])), wte, axes=([1], [1]))
         return xp.reshape(y, (*lead, wte.shape[0]))
 
+    # ---------------------------------------------------------------------- the Llama family's kernels
+
+    def embed_tokens(self, wte, ids):
+        xp = self.xp
+        b, t = ids.shape
+        return xp.reshape(xp.take(wte, xp.reshape(ids, (-1,)), axis=0), (b, t, wte.shape[-1]))
+
+    def heads(self, x, n_head):
+        xp = self.xp
+        b, t, c = x.shape
+        return xp.permute_dims(xp.reshape(x, (b, t, n_head, c // n_head)), (0, 2, 1, 3))
+
+    def rms_norm(self, x, gamma, eps):
+        xp = self.xp
+        return x / xp.sqrt(xp.mean(x * x, axis=-1, keepdims=True) + eps) * gamma
+
+    def rotary(self, x, cos, sin):
+        half = x.shape[-1] // 2
+        x1, x2 = x[..., :half], x[..., half:]
+        return self.xp.concat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+    def silu_mul(self, gate, up):
+        return gate * (0.5 + 0.5 * self.xp.tanh(0.5 * gate)) * up  # the sigmoid without overflow
+
+    def gqa_attention(self, q, k_cache, v_cache, offset):
+        xp = self.xp
+        b, n_head, t, d = q.shape
+        n_kv = k_cache.shape[1]
+        if n_kv == n_head:
+            return self.attention(q, k_cache, v_cache, offset)
+        r = n_head // n_kv
+        # The r query heads of a group against their key/value head; the whole cache when it is
+        # immutable (see `attention`).
+        s = k_cache.shape[2] if self._immutable else offset + t
+        k, v = (k_cache, v_cache) if self._immutable else (k_cache[:, :, :s, :], v_cache[:, :, :s, :])
+        # Five dimensions, not one [r * T] block of rows: dask.array refuses a reshape that splits the
+        # heads and merges the group with T in one step.
+        qg = xp.reshape(q, (b, n_kv, r, t, d))
+        kt = xp.reshape(xp.matrix_transpose(k), (b, n_kv, 1, d, s))
+        scores = xp.matmul(qg, kt) * (1.0 / math.sqrt(d))  # [B, Hkv, r, T, S]
+        if t > 1 or s > offset + t:
+            dev = _device(scores)
+            rows = xp.reshape(xp.arange(t, device=dev), (t, 1)) + offset
+            cols = xp.reshape(xp.arange(s, device=dev), (1, s))
+            scores = xp.where(cols <= rows, scores, xp.asarray(-math.inf, dtype=scores.dtype, device=dev))
+        y = xp.matmul(self.softmax(scores), xp.reshape(v, (b, n_kv, 1, s, d)))  # [B, Hkv, r, T, D]
+        return xp.reshape(y, (b, n_head, t, d))
+
 
 def _namespace(xp: ModuleType | str | None) -> ModuleType:
     """An Array API namespace from a namespace, a library module, or a module name."""

@@ -1,4 +1,4 @@
-"""The `Backend` protocol: the kernels GPT-2 is written against.
+"""The `Backend` protocol: the kernels GPT-2 and the Llama family are written against.
 
 Every kernel takes backend arrays and returns backend arrays, contiguous and row-major (weights are in
 the layout the backend's own `prepare_weight` chose). A backend owns its array type: host NumPy arrays
@@ -8,7 +8,10 @@ the position being sampled). Batch is the leading dimension everywhere.
 Shapes use B = batch, T = query positions in this call, L = positions in the KV cache, C = n_embd,
 H = n_head, D = C // H (head size), V = vocabulary size, P = n_positions.
 
-A backend implements the abstract kernels below. The *compositions* at the end (`mlp`,
+A backend implements the abstract kernels below. The Llama family's kernels (`embed_tokens`, `heads`,
+`rms_norm`, `rotary`, `silu_mul`, `gqa_attention`) came later: each has a default built from the
+abstract ones (and the host), so a backend written for GPT-2 alone runs them too, slower; a backend
+overrides them to run them natively. The *compositions* at the end (`mlp`, `gated_mlp`,
 `self_attention`) are written in terms of the kernels; a faster backend may override them to fuse work,
 and the conformance suite checks overrides against the same float64 reference as the kernels. Two
 optional methods serve looking inside the model (`inferno.inspect`), never generation:
@@ -185,6 +188,59 @@ class Backend(ABC):
         x: [..., C]; wte: [V, C] as stored (do not materialise a transposed copy). Returns [..., V].
         """
 
+    # -------------------------------------------- the Llama family's kernels: each has a default (below)
+    #
+    # A backend written before these existed runs the Llama family with the defaults: `heads`,
+    # `embed_tokens` and `gqa_attention` are composed exactly from the kernels above; `rms_norm`,
+    # `rotary` and `silu_mul` go to the host and back (`to_numpy`, float64 arithmetic, `from_numpy`), so
+    # they are slower and rounded through float32. Shapes: Hkv = key/value heads (H a multiple of it).
+
+    def embed_tokens(self, wte: Array, ids: Array) -> Array:
+        """Token embedding without positions: ``wte[ids]``. wte: [V, C]; ids: [B, T] integer. Returns
+        [B, T, C]. Default: `embedding` with an all-zero position table."""
+        t, c = ids.shape[-1], wte.shape[-1]
+        return self.embedding(wte, self.from_numpy(np.zeros((t, c), dtype=np.float32)), ids, 0)
+
+    def heads(self, x: Array, n_head: int) -> Array:
+        """[B, T, H*D] → [B, H, T, D] (the projection of one of q, k, v split into its heads). Default:
+        `split_heads` of x three times over, keeping the first third."""
+        return self.split_heads(self.concat([x, x, x], axis=-1), n_head)[0]
+
+    def rms_norm(self, x: Array, gamma: Array, eps: float) -> Array:
+        """RMS norm over the last axis: ``x / sqrt(mean(x²) + eps) * gamma``. x: [..., N]; gamma: [N]."""
+        h = np.asarray(self.to_numpy(x), dtype=np.float64)
+        g = np.asarray(self.to_numpy(gamma), dtype=np.float64)
+        return self.from_numpy(h / np.sqrt(np.mean(h * h, axis=-1, keepdims=True) + eps) * g)
+
+    def rotary(self, x: Array, cos: Array, sin: Array) -> Array:
+        """Rotary position embedding, rotating the two halves of each head (transformers' rotate_half):
+        ``[x1 cos - x2 sin, x2 cos + x1 sin]`` with x1, x2 = the first and second D/2 values. x: [B, H, T,
+        D]; cos, sin: [T, D/2], the angles of each query's position (float, from `from_numpy`)."""
+        h = np.asarray(self.to_numpy(x), dtype=np.float64)
+        c = np.asarray(self.to_numpy(cos), dtype=np.float64)
+        s = np.asarray(self.to_numpy(sin), dtype=np.float64)
+        x1, x2 = h[..., : h.shape[-1] // 2], h[..., h.shape[-1] // 2 :]
+        return self.from_numpy(np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1))
+
+    def silu_mul(self, gate: Array, up: Array) -> Array:
+        """The gated MLP's activation: ``silu(gate) * up``, silu(g) = g / (1 + exp(-g)), elementwise."""
+        g = np.asarray(self.to_numpy(gate), dtype=np.float64)
+        u = np.asarray(self.to_numpy(up), dtype=np.float64)
+        return self.from_numpy(g * (0.5 + 0.5 * np.tanh(0.5 * g)) * u)  # the sigmoid, without overflow
+
+    def gqa_attention(self, q: Array, k_cache: Array, v_cache: Array, offset: int) -> Array:
+        """`attention` with fewer key/value heads than query heads (grouped-query attention): query head h
+        reads key/value head ``h // (H // Hkv)``. q: [B, H, T, D]; k_cache, v_cache: [B, Hkv, L, D].
+        Returns [B, H, T, D]. Default: `attention` once per member of a group (the query heads
+        ``j, j + r, j + 2r ...``, r = H // Hkv, each on its own key/value head), the heads put back in
+        order with `concat`."""
+        n_head, n_kv = q.shape[1], k_cache.shape[1]
+        r = n_head // n_kv
+        if r == 1:
+            return self.attention(q, k_cache, v_cache, offset)
+        ys = [self.attention(q[:, j::r, :, :], k_cache, v_cache, offset) for j in range(r)]
+        return self.concat([ys[h % r][:, h // r : h // r + 1, :, :] for h in range(n_head)], axis=1)
+
     # ------------------------------------------------------------------------ optional: looking inside
 
     def attention_weights(self, q: Array, k_cache: Array, offset: int) -> np.ndarray:
@@ -220,6 +276,12 @@ class Backend(ABC):
         x: [B, T, C]; w_fc: [C, 4C]; w_proj: [4C, C]. Returns [B, T, C].
         """
         return self.linear(self.gelu_new(self.linear(x, w_fc, b_fc)), w_proj, b_proj)
+
+    def gated_mlp(self, x: Array, w_gate: Array, w_up: Array, w_down: Array) -> Array:
+        """The Llama family's MLP: ``linear(silu_mul(linear(x, w_gate), linear(x, w_up)), w_down)``, no
+        biases. x: [B, T, C]; w_gate, w_up: [C, I]; w_down: [I, C]. Returns [B, T, C]."""
+        gated = self.silu_mul(self.linear(x, w_gate, None), self.linear(x, w_up, None))
+        return self.linear(gated, w_down, None)
 
     def self_attention(
         self,

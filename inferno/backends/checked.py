@@ -234,15 +234,25 @@ class _Guard:
         if self.shapes:
             self.self_attention_result("self_attention_weights", x, kv, (out, new_kv))
         b, t = (_shape(x) or (0, 0))[:2]
-        expected = (b, n_head, t, offset + t)
+        self._check_weights("self_attention_weights", weights, (b, n_head, t, offset + t))
+        return out, new_kv, weights
+
+    def attention_weights(self, q, k_cache, offset):
+        """Inspection's attention weights of one attention (the Llama family's, a group at a time),
+        checked on every call as `self_attention_weights`' are."""
+        weights = self._call("attention_weights", q, k_cache, offset)
+        b, h, t = (_shape(q) or (0, 0, 0))[:3]
+        self._check_weights("attention_weights", weights, (b, h, t, offset + t))
+        return weights
+
+    def _check_weights(self, kernel: str, weights: Any, expected: tuple) -> None:
         if not isinstance(weights, np.ndarray) or weights.shape != expected:
             what = f"shape {weights.shape}" if isinstance(weights, np.ndarray) else type(weights).__name__
-            raise self._fail("self_attention_weights", f"returned attention weights of {what}, expected a "
-                             f"NumPy array of shape {expected}")
+            raise self._fail(kernel, f"returned attention weights of {what}, expected a NumPy array of shape "
+                             f"{expected}")
         if not np.isfinite(weights).all() or np.abs(weights.sum(axis=-1, dtype=np.float64) - 1).max() > 1e-3:
-            raise self._fail("self_attention_weights", "returned attention weights that are not finite or "
-                             "whose rows do not sum to 1")
-        return out, new_kv, weights
+            raise self._fail(kernel, "returned attention weights that are not finite or whose rows do not "
+                             "sum to 1")
 
     def self_attention_result(self, kernel, x, kv_before, result) -> None:
         """The checks of a (output, (k_cache, v_cache)) pair against the input x and the caches before."""
@@ -281,6 +291,67 @@ class _Guard:
             expected[axis] = sum(s[axis] for s in shapes)
             self._expect("concat", out, tuple(expected))
         return out
+
+    # The calls `Llama.forward` and `forward_ragged` make besides those above.
+    def embed_tokens(self, wte, ids):
+        out = self._call("embed_tokens", wte, ids)
+        if not self.shapes:
+            return out
+        return self._expect("embed_tokens", out, (*(_shape(ids) or ()), self.owner.n_embd))
+
+    def linear(self, x, w, b):
+        out = self._call("linear", x, w, b)
+        if self.shapes:
+            w_shape = _shape(w)  # [in, out]; a packed weight may have no usable shape: then only the rank
+            lead = (_shape(x) or ())[:-1]
+            if w_shape is not None and len(w_shape) == 2:
+                self._expect("linear", out, (*lead, w_shape[1]))
+            elif (got := _shape(out)) is None or got[:-1] != lead:
+                raise self._fail("linear", f"returned an array of shape {got}, expected {(*lead, '...')}")
+        return out
+
+    def heads(self, x, n_head):
+        out = self._call("heads", x, n_head)
+        if self.shapes:
+            b, t, c = _shape(x) or (0, 0, 0)
+            self._expect("heads", out, (b, n_head, t, c // n_head))
+        return out
+
+    def merge_heads(self, y):
+        out = self._call("merge_heads", y)
+        if self.shapes:
+            b, h, t, d = _shape(y) or (0, 0, 0, 0)
+            self._expect("merge_heads", out, (b, t, h * d))
+        return out
+
+    def rms_norm(self, x, gamma, eps):
+        out = self._call("rms_norm", x, gamma, eps)
+        return self._expect("rms_norm", out, _shape(x) or ()) if self.shapes else out
+
+    def rotary(self, x, cos, sin):
+        out = self._call("rotary", x, cos, sin)
+        return self._expect("rotary", out, _shape(x) or ()) if self.shapes else out
+
+    def write_kv(self, k_cache, v_cache, k, v, offset):
+        result = self._call("write_kv", k_cache, v_cache, k, v, offset)
+        if self.shapes:
+            before = [_shape(k_cache), _shape(v_cache)]
+            try:
+                new_k, new_v = result
+            except (TypeError, ValueError):
+                raise self._fail("write_kv", "did not return (k_cache, v_cache)") from None
+            if [_shape(new_k), _shape(new_v)] != before:
+                raise self._fail("write_kv", f"returned KV caches of shapes {_shape(new_k)} and "
+                                 f"{_shape(new_v)}, expected {before[0]}")
+        return result
+
+    def gqa_attention(self, q, k_cache, v_cache, offset):
+        out = self._call("gqa_attention", q, k_cache, v_cache, offset)
+        return self._expect("gqa_attention", out, _shape(q) or ()) if self.shapes else out
+
+    def gated_mlp(self, x, w_gate, w_up, w_down):
+        out = self._call("gated_mlp", x, w_gate, w_up, w_down)
+        return self._expect("gated_mlp", out, _shape(x) or ()) if self.shapes else out
 
     def lm_head(self, x, wte):
         out = self._call("lm_head", x, wte)

@@ -24,7 +24,10 @@ from inferno.backends.hookspecs import hookimpl
 
 _GELU_C = math.sqrt(2.0 / math.pi)
 # Weights kept in Fortran order (see the module docstring): suffixes of their Hub names.
-_TRANSPOSED = ("attn.c_proj.weight", "mlp.c_proj.weight", "wte.weight", "lm_head.weight")
+_TRANSPOSED = ("attn.c_proj.weight", "mlp.c_proj.weight", "wte.weight", "lm_head.weight",
+               # The Llama family's [in, out] projections in Fortran order are the file's own row-major
+               # [out, in] (read with no transposing copy); its embedding as GPT-2's wte.
+               "_proj.weight", "embed_tokens.weight")
 
 
 class NumpyBackend(Backend):
@@ -117,6 +120,58 @@ class NumpyBackend(Backend):
         # wte.T is a view (row-major, as wte is kept in Fortran order): no 150 MB copy.
         return _matmul_rows(x.reshape(-1, x.shape[-1]), wte.T).reshape(*x.shape[:-1], wte.shape[0])
 
+    # ---------------------------------------------------------------------- the Llama family's kernels
+
+    def embed_tokens(self, wte, ids):
+        return wte[ids]
+
+    def heads(self, x, n_head):
+        b, t, c = x.shape
+        return x.reshape(b, t, n_head, c // n_head).transpose(0, 2, 1, 3)  # a view
+
+    def rms_norm(self, x, gamma, eps):
+        out = np.square(x)
+        ms = out.mean(axis=-1, keepdims=True)
+        ms += eps
+        np.sqrt(ms, out=ms)
+        np.divide(x, ms, out=out)
+        out *= gamma
+        return out
+
+    def rotary(self, x, cos, sin):
+        half = x.shape[-1] // 2
+        x1, x2 = x[..., :half], x[..., half:]
+        out = np.empty(x.shape, dtype=np.result_type(x, cos))
+        np.multiply(x1, cos, out=out[..., :half])
+        out[..., :half] -= x2 * sin
+        np.multiply(x2, cos, out=out[..., half:])
+        out[..., half:] += x1 * sin
+        return out
+
+    def silu_mul(self, gate, up):
+        out = gate * 0.5
+        np.tanh(out, out=out)
+        out += 1.0
+        out *= 0.5  # the sigmoid of gate, written with tanh: no overflow for large negative gates
+        out *= gate
+        out *= up
+        return out
+
+    def gqa_attention(self, q, k_cache, v_cache, offset):
+        b, n_head, t, d = q.shape
+        n_kv = k_cache.shape[1]
+        if n_kv == n_head:
+            return self.attention(q, k_cache, v_cache, offset)
+        # The query heads of a group as one [r * T] block of rows against their key/value head.
+        s = offset + t
+        qg = q.reshape(b, n_kv, n_head // n_kv * t, d)
+        scores = qg @ k_cache[:, :, :s].swapaxes(-1, -2)  # [B, Hkv, r*T, S]
+        scores *= 1.0 / math.sqrt(d)
+        if t > 1:
+            mask = np.triu(np.ones((t, s), dtype=bool), k=offset + 1)
+            np.copyto(scores, -np.inf, where=np.tile(mask, (n_head // n_kv, 1)))
+        return (self.softmax(scores) @ v_cache[:, :, :s]).reshape(b, n_head, t, d)
+
 
 # The elementwise kernels write into a given array (which may be the input itself), so that cpu-threaded
 # can run the very same code on row tiles of a shared output.
@@ -156,9 +211,9 @@ def softmax_into(x: np.ndarray, out: np.ndarray) -> np.ndarray:
     return out
 
 
-#: Row counts OpenBLAS's SGEMM runs fastest at: multiples of 8 (its kernel's row block; on the LM head,
-#: 8 rows measured faster than 6 or 14, docs/benchmarks.md); so a batch of a few rows is padded with zero
-#: rows up to the next multiple (below `_PAD_BELOW` rows, where it pays).
+#: Row counts OpenBLAS's SGEMM runs fastest at: multiples of its kernel's row block (docs/benchmarks.md
+#: times the LM head at a few row counts); so a batch of a few rows is padded with zero rows up to the
+#: next multiple (below `_PAD_BELOW` rows, where it pays).
 _ROW_BLOCK, _PAD_BELOW = 8, 128
 
 

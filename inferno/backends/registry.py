@@ -36,7 +36,7 @@ inferno ...`` (Python's own -W cannot import a category from a package).
 **A backend failing at run time.** Whatever a backend's constructor raises, apart from the option
 errors (TypeError, ValueError: `BackendOptionError`) and `BackendUnavailableError`, becomes a
 `BackendError` naming the backend and the call; so do the exceptions of its `prepare_weight`,
-`weight_order` and kernels (see `inferno.model`), and the wrong shapes or non-finite values it returns.
+`weight_order` and kernels (see `inferno.models.gpt2`), and the wrong shapes or non-finite values it returns.
 """
 
 from __future__ import annotations
@@ -343,7 +343,7 @@ def _origin(ep: Any) -> tuple[str, str]:
 
 
 def _inferno_version() -> str:
-    from inferno import __version__
+    from inferno.version import __version__
 
     return __version__
 

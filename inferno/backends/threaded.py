@@ -3,51 +3,46 @@
     inferno --backend cpu-threaded "The quick brown fox"
     inferno --backend cpu-threaded:threads=4 "..."           # or INFERNO_THREADS=4
 
-**What it does.** A prompt of at least `MIN_ROWS` (192) tokens runs on a persistent pool of ``threads``
+**What it does.** A prompt of at least `MIN_ROWS` tokens runs on a persistent pool of ``threads``
 workers (the calling thread is one of them), with BLAS single-threaded inside it:
 
 * every large matmul (c_attn, c_proj, c_fc, the MLP's c_proj, an all-positions LM head) in 2-D blocks:
   row tiles of up to `ROW_TILE` tokens times blocks of weight columns, about `TASKS_PER_THREAD` blocks
   per thread, claimed dynamically (a thread the OS deschedules holds up one block, not half the op).
   The bias, and gelu for c_fc, are applied to each block while it is in cache;
-* the MLP, once there are `FUSED_MLP_ROWS` (256) tokens per thread, by row tiles instead: each task
-  takes its rows through c_fc, gelu and c_proj in one go (one barrier instead of two, and the hidden
-  block still in cache for c_proj; measured a little faster on long prompts, docs/benchmarks.md);
-* causal attention by (head group, query tile): a tile of 64 queries reads only the keys up to its last
-  query, so the masked half of the T×T scores is never computed, and only the tile's own diagonal block
-  is masked; the softmax's division is applied to the [64, D] output, not the [64, T] probabilities;
-  heads write straight into their columns of the merged [B, T, C] layout (no merge_heads copy);
+* the MLP, once there are `FUSED_MLP_ROWS` tokens per thread, by row tiles instead: each task takes
+  its rows through c_fc, gelu and c_proj in one go (one barrier instead of two, and the hidden block
+  still in cache for c_proj);
+* causal attention by (head group, query tile): a tile of `QUERY_TILE` queries reads only the keys up
+  to its last query, so the masked half of the T×T scores is never computed, and only the tile's own
+  diagonal block is masked; the softmax's division is applied to the [tile, D] output, not the
+  [tile, T] probabilities; heads write straight into their columns of the merged [B, T, C] layout;
 * layernorm, softmax, gelu over row chunks when they are large (numpy runs them on one core).
 
 Decode (one token) and short prompts run *directly*: the numpy reference's own calls (GEMV for one
 row), with OpenBLAS's threads.
 
-**Why** (measured on 2 cores; the figures are in docs/benchmarks.md):
+**Why** (the measurements behind each choice are in docs/benchmarks.md, "cpu-threaded"):
 
 * *Threads, not processes.* NumPy releases the GIL in BLAS and ufuncs, so the pool's threads run the
-  prefill matmuls and attention nearly fully in parallel and leave no GIL time for processes to win
-  back; processes would also need every activation and the KV cache in shared memory, and measured slower.
-* *Decode stays on OpenBLAS's threads.* A GEMV is short, and each pooled call pays wake-ups and GIL
-  hand-offs: every pooled decode tried was slower than OpenBLAS's own GEMV threads.
-* *Short prompts stay direct.* Prefill through the pool loses to numpy on short prompts and wins on
-  long ones; hence `MIN_ROWS`. Small row tiles cost single-threaded BLAS efficiency (hence `ROW_TILE`).
+  prefill matmuls and attention in parallel; processes would also need every activation and the KV
+  cache in shared memory.
+* *Decode stays on OpenBLAS's threads.* A GEMV is short, and a pooled call pays wake-ups and GIL
+  hand-offs that outweigh it.
+* *Short prompts stay direct.* The pool pays only from `MIN_ROWS` tokens on; small row tiles cost
+  single-threaded BLAS efficiency (hence `ROW_TILE`).
 * *No pre-split weights.* Blocks are views of the weights as loaded (in the numpy backend's layout):
-  strided column blocks ran as fast as contiguous copies, and copies would double the weights' memory.
-  Nothing is copied or re-split per call.
-* *BLAS pinned to one thread around pooled work* (threadpoolctl), and during every other matmul of a
-  long prompt too: OpenBLAS's own workers spin for a while after a call and then compete with the pool
-  for the same cores, which measured much slower. The limit is restored after each call, so other
-  NumPy code in the process keeps its BLAS threads; benchmarks that alternate backends in one process
-  pause between them for the same reason. The limit is
-  process-wide, so the backends of a process share one `_BlasLimits`, whose limited sections (the
-  pooled kernels) run one thread at a time: used from several threads, every one of them restores
-  exactly what it found, and the process keeps its BLAS threads.
+  strided column blocks run as fast as contiguous copies, and copies would double the weights' memory.
+* *BLAS pinned to one thread around pooled work*, and during every other matmul of a long prompt too:
+  OpenBLAS's own workers spin for a while after a call and would compete with the pool for the same
+  cores. The limit is `inferno.cpu.blas_threads`, process-wide and locked, and restored after each
+  call, so other NumPy code in the process keeps its BLAS threads, and backends used from several
+  threads at once each restore exactly what they found.
 
-**Worker count.** ``threads`` option, else ``$INFERNO_THREADS``, else the usable cores: the CPU
-affinity (`os.sched_getaffinity`) capped by the cgroup CPU quota (v2 ``cpu.max`` of this process's
-cgroup and its parents, or v1 ``cpu.cfs_quota_us``). An explicit count is at most `MAX_THREADS`
-(1024): more is a mistake, not a machine (100000 threads fail to start). ``threads=1`` runs everything on
-the calling thread with one BLAS thread (the tiled attention still skips masked blocks).
+**Worker count.** `inferno.cpu.resolve_threads`: the ``threads`` option, else ``$INFERNO_THREADS``, else
+the usable cores (the CPU affinity capped by the cgroup CPU quota), at most `MAX_THREADS`.
+``threads=1`` runs everything on the calling thread with one BLAS thread (the tiled attention still
+skips masked blocks).
 
 **Lifecycle.** Helpers are daemon threads (a forgotten backend never keeps the interpreter alive);
 `close()` (also a context manager, and a `weakref.finalize` run when the backend is garbage collected
@@ -56,15 +51,14 @@ the pool stays usable; after Ctrl-C in the caller the helpers drop the rest of t
 that dies (only a bug or an injected exception can end one) turns the next pooled call into a
 `WorkerError` naming it, never a hang: the caller polls the helpers' liveness while it waits. A
 forked child starts its own helpers on first use. A backend may be used from several threads at once
-(their calls share the pool; see the BLAS limit above).
+(their calls share the pool).
 
-**On 8-16 cores** (plan; measured here on 1-2): the pool grows to the usable cores and the blocking
-adapts: matmuls split by weight columns first and by rows once columns run out (at least `MIN_COLS`
-columns and `MIN_TILE_ROWS` rows per block), attention into more head groups per query tile, so every
-op keeps ~2 tasks per thread, each large enough to outweigh its dispatch. To re-measure there:
-``python benches/compare.py --scaling`` (1, 2, 4, 8, 16 threads), the `MIN_ROWS` crossover
-(``cpu-threaded:min_rows=N``) and pooled decode, which the extra memory bandwidth of many cores may
-favour. Beyond one NUMA node the weights live where they were loaded; interleaving them is future work.
+**On many cores** the pool grows to the usable cores and the blocking adapts: matmuls split by weight
+columns first and by rows once columns run out (at least `MIN_COLS` columns and `MIN_TILE_ROWS` rows
+per block), attention into more head groups per query tile, so every op keeps about `TASKS_PER_THREAD`
+tasks per thread, each large enough to outweigh its dispatch. The thresholds were chosen on a small
+machine: ``python benches/compare.py --scaling`` re-measures them on another. Beyond one NUMA node
+the weights live where they were loaded; interleaving them is future work.
 """
 
 from __future__ import annotations
@@ -78,19 +72,15 @@ import warnings
 import weakref
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from pathlib import Path
 
 import numpy as np
 
 from inferno.backends.hookspecs import hookimpl
 from inferno.backends.numpy_backend import NumpyBackend, gelu_new_into, layernorm_into, softmax_into
-
-ENV_THREADS = "INFERNO_THREADS"
-#: The most worker threads one may ask for (threads=N, $INFERNO_THREADS, --threads).
-MAX_THREADS = 1024
+from inferno.cpu import blas_threads, current_blas_threads, resolve_threads
 
 # Below these sizes the pool costs more (waking threads, smaller BLAS calls) than it gains, and a kernel
-# runs directly, as in the numpy backend. Measured on 2 cores; see the module docstring.
+# runs directly, as in the numpy backend (chosen by measurement: docs/benchmarks.md).
 MIN_ROWS = 192  # tokens: fewer (decode, short prompts) run directly, with BLAS's own threads
 MIN_MACS = 1 << 24  # matmul multiply-adds (below this, dispatch outweighs the work)
 MIN_ELEMENTS = 1 << 19  # elementwise kernels, attention scores (layernorm pays only on long prompts)
@@ -100,154 +90,6 @@ MIN_TILE_ROWS = 64  # and rows
 TASKS_PER_THREAD = 2  # more tasks than threads, so that one descheduled thread does not hold up the rest
 QUERY_TILE = 64  # attention: queries per task; the causal mask wastes only QUERY_TILE²/2 scores per tile
 FUSED_MLP_ROWS = 256  # rows per thread from which a whole MLP runs by row tiles (see `mlp`)
-
-
-# ------------------------------------------------------------------------------------- worker count
-
-
-def usable_cores() -> int:
-    """The cores this process may run on: its CPU affinity, capped by a cgroup CPU quota."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not Linux
-        cores = os.cpu_count() or 1
-    quota = cgroup_cpu_quota()
-    if quota is not None:
-        cores = min(cores, max(1, math.ceil(quota)))
-    return max(1, cores)
-
-
-def cgroup_cpu_quota(root: str | os.PathLike[str] = "/sys/fs/cgroup") -> float | None:
-    """CPUs allowed by the cgroup quota (e.g. 1.5), or None when there is none.
-
-    cgroup v2: ``cpu.max`` (``"max 100000"`` or ``"150000 100000"``) of this process's cgroup and its
-    parents, the smallest wins; cgroup v1: ``cpu/cpu.cfs_quota_us`` over ``cpu/cpu.cfs_period_us``.
-    """
-    root = Path(root)
-    limits = []
-    for directory in _cgroup_v2_dirs(root):
-        parts = _read(directory / "cpu.max").split()
-        if len(parts) == 2 and parts[0] != "max":
-            limits.append(_ratio(parts[0], parts[1]))
-    for v1 in (root / "cpu", root / "cpu,cpuacct"):
-        limits.append(_ratio(_read(v1 / "cpu.cfs_quota_us"), _read(v1 / "cpu.cfs_period_us")))
-    limits = [q for q in limits if q is not None]
-    return min(limits) if limits else None
-
-
-def _cgroup_v2_dirs(root: Path) -> list[Path]:
-    # "0::/some/group" in /proc/self/cgroup names this process's v2 cgroup (just "/" in most containers).
-    relative = ""
-    for line in _read(Path("/proc/self/cgroup")).splitlines():
-        if line.startswith("0::"):
-            relative = line[3:].strip().strip("/")
-    directory = root / relative if relative else root
-    dirs = [directory]
-    while directory != root and root in directory.parents:
-        directory = directory.parent
-        dirs.append(directory)
-    return dirs
-
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text().strip()
-    except OSError:
-        return ""
-
-
-def _ratio(quota: str, period: str) -> float | None:
-    try:
-        q, p = int(quota), int(period)
-    except ValueError:
-        return None
-    return q / p if q > 0 and p > 0 else None
-
-
-def resolve_threads(threads: int | str | None = None) -> int:
-    """The worker count: `threads` if given, else ``$INFERNO_THREADS``, else `usable_cores()`.
-
-    ``None``, ``"auto"`` and ``0`` mean "not given". Raises ValueError for anything but a positive integer.
-    """
-    source = "threads"
-    if threads is None or threads == "auto" or (type(threads) is int and threads == 0):
-        env = os.environ.get(ENV_THREADS, "").strip()
-        if env in ("", "auto", "0"):
-            return usable_cores()
-        threads, source = env, f"${ENV_THREADS}"
-    try:
-        if isinstance(threads, bool) or isinstance(threads, float):
-            raise ValueError
-        n = int(threads)
-    except (TypeError, ValueError):
-        n = 0
-    if n < 1:
-        raise ValueError(f"cpu-threaded: {source} must be a positive integer or 'auto', got {threads!r}")
-    if n > MAX_THREADS:
-        raise ValueError(f"cpu-threaded: {source} must be at most {MAX_THREADS}, got {n} "
-                         f"(this machine has {usable_cores()} usable cores)")
-    return n
-
-
-class _BlasLimits:
-    """BLAS's thread limit, shared by every cpu-threaded backend of the process (the limit is
-    process-wide). `limit(n)` is a context manager that sets it to `n` and restores what it found on
-    exit, holding a process-wide lock meanwhile: limited sections of different threads never
-    interleave (threadpoolctl's own `limit()` does: thread A saves 2 and sets 1, B saves 1, A restores
-    2, B restores 1, and the process is left at 1 BLAS thread). Those sections run the pool, which
-    already uses every core, so little is lost by running them one at a time. Re-entrant within a thread.
-
-    (A reference count, restoring when the last one leaves, is not enough: OpenBLAS 0.3.31 ignores
-    `openblas_set_num_threads` from other threads once the main thread has called it, so a last leaver
-    that is not the main thread cannot restore what the main thread set.)"""
-
-    def __init__(self) -> None:
-        self._lock = threading.RLock()
-        self._controller = None
-
-    def _libs(self) -> list:
-        if self._controller is None:
-            from threadpoolctl import ThreadpoolController
-
-            self._controller = ThreadpoolController().select(user_api="blas")
-        return self._controller.lib_controllers
-
-    def threads(self) -> int:
-        """BLAS's thread count now (the largest over its libraries; 1 when there is none)."""
-        return max((lib.num_threads or 1 for lib in self._libs()), default=1)
-
-    def limit(self, n: int) -> AbstractContextManager:
-        return _BlasLimit(self, n)
-
-
-class _BlasLimit(AbstractContextManager):
-    __slots__ = ("limits", "n", "saved")
-
-    def __init__(self, limits: _BlasLimits, n: int) -> None:
-        self.limits, self.n = limits, n
-
-    def __enter__(self) -> _BlasLimit:
-        self.limits._lock.acquire()
-        try:
-            self.saved = [(lib, lib.num_threads) for lib in self.limits._libs()]
-            for lib, threads in self.saved:
-                if threads != self.n:
-                    lib.set_num_threads(self.n)
-        except BaseException:
-            self.limits._lock.release()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        try:
-            for lib, threads in self.saved:
-                if lib.num_threads != threads:
-                    lib.set_num_threads(threads)
-        finally:
-            self.limits._lock.release()
-
-
-_blas_limits = _BlasLimits()
 
 
 # -------------------------------------------------------------------------------------------- pool
@@ -428,9 +270,7 @@ class ThreadedBackend(NumpyBackend):
         if self.fused_mlp_rows < 1:
             raise ValueError(f"cpu-threaded: fused_mlp_rows must be a positive integer, got "
                              f"{fused_mlp_rows!r}")
-        self._blas = _blas_limits
-        blas_threads = self._blas.threads()
-        self._direct_limit = self.threads if self.threads < blas_threads else None
+        self._direct_limit = self.threads if self.threads < current_blas_threads() else None
         self._pool = WorkerPool(self.threads)
         # Runs close() when the backend is garbage collected or at interpreter exit, whichever is first.
         self._finalizer = weakref.finalize(self, self._pool.close)
@@ -460,7 +300,7 @@ class ThreadedBackend(NumpyBackend):
     def _one_blas_thread(self) -> AbstractContextManager:
         """BLAS single-threaded while the pool runs: the pool is the parallelism, and BLAS's own threads
         would oversubscribe the cores. Restored on exit, so other code in the process is unaffected."""
-        return self._blas.limit(1)
+        return blas_threads(1)
 
     def _blas_for(self, rows: int) -> AbstractContextManager:
         """BLAS threads for a matmul that runs directly. In a prefill (many rows) one thread too: BLAS's
@@ -469,7 +309,7 @@ class ThreadedBackend(NumpyBackend):
         if rows >= self.min_rows:
             return self._one_blas_thread()
         if self._direct_limit is not None:
-            return self._blas.limit(self._direct_limit)
+            return blas_threads(self._direct_limit)
         return nullcontext()
 
     def _row_tiles(self, rows: int) -> list[slice]:
@@ -551,8 +391,8 @@ class ThreadedBackend(NumpyBackend):
         per_thread = rows // (self.threads * self.fused_mlp_rows)
         if self.threads > 1 and per_thread >= 1:
             # Long prompts: a task takes whole rows through c_fc, gelu and c_proj, so its hidden block
-            # is still in cache for c_proj and the MLP has one barrier instead of two (measured
-            # a little faster on long prompts). Shorter: too few rows per task for BLAS.
+            # is still in cache for c_proj and the MLP has one barrier instead of two. Shorter: too few
+            # rows per task for BLAS.
             # One or TASKS_PER_THREAD tiles per thread: more would be shorter than fused_mlp_rows. At
             # most ROW_TILE rows each (many rows on few threads), so a hidden block stays ~6 MB.
             tiles = _chunks(rows, max(self.threads * min(per_thread, TASKS_PER_THREAD),
@@ -670,6 +510,23 @@ class ThreadedBackend(NumpyBackend):
         fa, fb, fo = a.reshape(-1), b.reshape(-1), out.reshape(-1)
         chunks = _chunks(fo.size, self.threads)
         self._pool.run(lambda i: np.add(fa[chunks[i]], fb[chunks[i]], out=fo[chunks[i]]), len(chunks))
+        return out
+
+    # ---------------------------------------------------------------------- the Llama family's kernels
+    # The others are the numpy backend's (inherited); its gqa_attention with as many key/value heads as
+    # query heads is `attention`, this backend's pooled one.
+
+    def gqa_attention(self, q, k_cache, v_cache, offset):
+        """Long prompts under grouped-query attention: each member of the query-head groups (heads j,
+        j + r, ..., one per key/value head) through the pooled, tiled attention, written straight into
+        its heads of the output. Decode and short prompts as the numpy backend (one batched product)."""
+        b, n_head, t, _ = q.shape
+        r = n_head // k_cache.shape[1]
+        if r == 1 or self.threads == 1 or b * t < self.min_rows:
+            return super().gqa_attention(q, k_cache, v_cache, offset)
+        out = np.empty(q.shape, dtype=q.dtype)
+        for j in range(r):
+            self._attend(q[:, j::r], k_cache, v_cache, offset, out[:, j::r])
         return out
 
 

@@ -1,5 +1,5 @@
 """The `inferno` command: generate text, or run a subcommand (`inferno score`, `inferno batch`,
-`inferno serve`, `inferno inspect`, `inferno backends`, `inferno bench`).
+`inferno serve`, `inferno chat`, `inferno inspect`, `inferno backends`, `inferno bench`).
 
     inferno "The quick brown fox" -n 50
     inferno --preset sample -s 1 "Once upon a time"
@@ -10,7 +10,8 @@
     inferno score texts.jsonl -o scores.jsonl  # every {"id", "text"} row; resumable (inferno/jobs)
     inferno inspect "The quick brown fox" --layer 5   # attention and the logit lens
     inferno backends --json
-    inferno -- backends            # generate from the prompt "backends"
+    inferno help batch             # inferno batch --help
+    inferno -- backends            # generate from the prompt "backends" (or: inferno -p backends)
 
 One module a subcommand (`generate` is the default one); `_args` holds what they share. Nothing in the
 package imports this one: it is the leaf that turns flags into library calls. Bad flags and bad files
@@ -38,6 +39,12 @@ def _run_bench(argv: Sequence[str]) -> int:
 _SERVE_EXTRA = ("fastapi", "uvicorn", "sse_starlette", "prometheus_client", "starlette", "pydantic")
 
 
+def _run_chat(argv: Sequence[str]) -> int:
+    from inferno.cli.chat import run
+
+    return run(argv)
+
+
 def _run_serve(argv: Sequence[str]) -> int:
     try:
         from inferno.cli.serve import run as run_serve
@@ -53,8 +60,8 @@ def _run_serve(argv: Sequence[str]) -> int:
 
 
 SUBCOMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
-    "backends": backends.run, "batch": batch.run, "bench": _run_bench, "inspect": inspect.run,
-    "score": score.run, "serve": _run_serve,
+    "backends": backends.run, "batch": batch.run, "bench": _run_bench, "chat": _run_chat,
+    "inspect": inspect.run, "score": score.run, "serve": _run_serve,
 }
 
 
@@ -107,34 +114,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _flush_stdout(report=code == 0) or code
 
 
-def _edits(a: str, b: str) -> int:
-    """Levenshtein distance (short words only)."""
-    row = list(range(len(b) + 1))
-    for i, ca in enumerate(a, 1):
-        prev, row[0] = row[0], i
-        for j, cb in enumerate(b, 1):
-            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (ca != cb))
-    return row[-1]
-
-
-def _subcommand_hint(argv: list[str]) -> None:
-    """A first word within two edits of a subcommand (`inferno backend`) is still a prompt, so that no
-    prompt breaks, but a note on stderr says which subcommand it resembles."""
-    word = argv[0] if argv else ""
-    if not word or word.startswith("-") or " " in word or len(word) < 4:
-        return
-    close = [name for name in SUBCOMMANDS if _edits(word.lower(), name) <= 2]
-    if close:
-        print(f"inferno: note: {word!r} is not a subcommand; did you mean 'inferno {close[0]}'? Generating "
-              f"from the prompt {word!r} ('inferno -- {word}' skips this note)", file=sys.stderr)
+def _help(argv: list[str]) -> int:
+    """``inferno help [SUBCOMMAND]``: the --help of the generate command, or of SUBCOMMAND."""
+    if not argv:
+        return generate.run(["--help"])
+    if argv[0] in SUBCOMMANDS and len(argv) == 1:
+        return SUBCOMMANDS[argv[0]](["--help"])
+    raise CliError(f"help: no subcommand {' '.join(argv)!r}; the subcommands are {', '.join(SUBCOMMANDS)} "
+                   "(inferno help SUBCOMMAND, or inferno --help)")
 
 
 def _main(argv: list[str]) -> int:
     try:
         if argv and argv[0] in SUBCOMMANDS:
             return SUBCOMMANDS[argv[0]](argv[1:])
-        _subcommand_hint(argv)
-        return generate.run(argv)
+        if argv and argv[0] == "help":
+            return _help(argv[1:])
+        return generate.run(argv, subcommands=(*SUBCOMMANDS, "help"))
     except KeyboardInterrupt:
         print("\n[interrupted]", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -145,7 +141,7 @@ def _main(argv: list[str]) -> int:
         # Our loaders raise these with messages that name the file, tensor, key or flag; anything else
         # is a bug and keeps its traceback. Missing model files take two lines: what is missing, and
         # what to run.
-        from inferno.hub import ModelFilesMissing
+        from inferno.models.resolve import ModelFilesMissing
 
         lines = exc.lines if isinstance(exc, ModelFilesMissing) else (str(exc),)
         first, *rest = ("; ".join(p.strip() for p in line.splitlines() if p.strip()) for line in lines)

@@ -5,7 +5,9 @@ model flags (``-m/-b/--threads``), loading the model they name, reading a text f
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import os
 import re
 import sys
 from collections.abc import Callable, Sequence
@@ -116,7 +118,7 @@ def read_stdin(limit: int = MAX_TEXT_BYTES, what: str = "a text") -> bytes:
 def read_text(name: str, flag: str = "") -> str:
     """The UTF-8 text of file `name` (``-``: stdin), less a byte-order mark. A missing, special (FIFO,
     device) or oversized file is a `CliError` naming `flag` and the file."""
-    from inferno.config import read_regular_file
+    from inferno.files import read_regular_file
 
     if name == "-":
         if sys.stdin.isatty():
@@ -140,26 +142,146 @@ def decode_text(data: bytes, name: str) -> str:
     return text.removeprefix("\ufeff")
 
 
+def check_utf8(text: str, what: str) -> str:
+    """`text` from the command line as UTF-8 text, or a `CliError` when it is not Unicode text: bytes that
+    are not UTF-8 (Python keeps them as lone surrogates) or a lone UTF-16 surrogate. The server and
+    jobs refuse these too; silently they would become U+FFFD."""
+    try:
+        data = text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError as exc:
+        raise CliError(f"{what} holds a lone UTF-16 surrogate (U+{ord(text[exc.start]):04X}), which is not "
+                       "Unicode text") from None
+    if any("\udc80" <= c <= "\udcff" for c in text):  # bytes Python could not decode, kept as they were
+        return decode_text(data, what)  # raises, naming the byte and its offset, unless they are UTF-8
+    return text
+
+
 def user_errors() -> tuple[type[BaseException], ...]:
     from inferno.backends.registry import BackendOptionError, BackendUnavailableError, UnknownBackendError
-    from inferno.config import ConfigError
     from inferno.generate import GenerationError
-    from inferno.hub import ModelFilesMissing
     from inferno.jobs import JobError
+    from inferno.models.config import ConfigError
+    from inferno.models.resolve import ModelFilesMissing
+    from inferno.models.weights import WeightsError
     from inferno.sampling import SamplingError
     from inferno.scoring import ScoringError
     from inferno.tokenizer import TokenizerError
-    from inferno.weights import WeightsError
 
     return (CliError, JobError, ConfigError, WeightsError, TokenizerError, ModelFilesMissing,
             UnknownBackendError, BackendUnavailableError, BackendOptionError, GenerationError, SamplingError,
             ScoringError, OSError)
 
 
+# ------------------------------------------------------------------- structured output (#42)
+
+#: The flags that constrain the output, one of which at most may be given (argparse refuses two).
+CONSTRAINT_FLAGS = ("--json-schema", "--json-object", "--regex", "--choice", "--grammar")
+
+
+def add_constraint_args(p: argparse.ArgumentParser) -> None:
+    """The flags that constrain the output to a JSON Schema, any JSON object, a regular expression, one
+    of a list of choices or a Lark grammar (docs/structured-output.md). `-j/--json` is the output format,
+    hence ``--json-object`` for JSON mode."""
+    group = p.add_mutually_exclusive_group()
+    arg = group.add_argument
+    arg("--json-schema", metavar="FILE|JSON",
+        help="the output is JSON valid against this JSON Schema: a .json file, or inline JSON starting "
+        "with '{' (needs the structured extra, as do the four flags below)")
+    arg("--json-object", action="store_true", help="the output is one JSON object (any keys)")
+    arg("--regex", metavar="PATTERN", help="the output matches this regular expression, whole")
+    arg("--choice", metavar="TEXT", action="append",
+        help="the output is exactly one of these texts (repeatable: --choice yes --choice no)")
+    arg("--grammar", metavar="FILE", help="the output is a sentence of this Lark grammar (a file)")
+
+
+def constraint(args: argparse.Namespace):
+    """The `inferno.structured.Constraint` the flags of `add_constraint_args` ask for (None when none
+    is given). A bad file, JSON, schema, pattern or grammar, or llguidance missing, is a `CliError`
+    naming the flag."""
+    from inferno.structured import Constraint, ConstraintError
+
+    try:
+        if args.json_schema is not None:
+            return Constraint.json_schema(_schema(args.json_schema), field="--json-schema")
+        if args.json_object:
+            return Constraint.json_object(field="--json-object")
+        if args.regex is not None:
+            return Constraint.regex(check_utf8(args.regex, "--regex"), field="--regex")
+        if args.choice is not None:
+            return Constraint.choice([check_utf8(c, "--choice") for c in args.choice], field="--choice")
+        if args.grammar is not None:
+            return Constraint.grammar(_constraint_file(args.grammar, "--grammar"), field="--grammar")
+    except ConstraintError as exc:
+        sep = " " if exc.reason.startswith(("is ", "must ", "has ", "needs ")) else ": "
+        raise CliError(" ".join(f"{exc.field}{sep}{exc.reason}".split())) from None  # it may span lines
+    return None
+
+
+def _constraint_file(name: str, flag: str) -> str:
+    if name == "-":
+        raise CliError(f"{flag}: give a file (stdin is where the prompt comes from)")
+    if os.path.isdir(name):
+        raise CliError(f"{flag} {name}: is a folder, not a file")
+    return read_text(name, flag)
+
+
+def _schema(value: str):
+    """--json-schema's JSON Schema: inline JSON (text starting with '{'), else the JSON of that file."""
+    inline = value.lstrip().startswith("{")
+    text = check_utf8(value, "--json-schema") if inline else _constraint_file(value, "--json-schema")
+    where = "--json-schema" if inline else f"--json-schema {value}"
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        hint = "" if inline or value.endswith(".json") else " (inline JSON starts with '{')"
+        raise CliError(f"{where}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+                       f"{hint}") from None
+    except RecursionError:
+        raise CliError(f"{where}: not valid JSON: nested too deeply") from None
+
+
 # ------------------------------------------------------------------------------- --ray (Ray Data)
 
 #: The flags that only mean something with --ray.
 RAY_ONLY = ("workers", "cpus_per_worker")
+
+
+def add_speculation_args(p: argparse.ArgumentParser) -> None:
+    """Speculative decoding's flags (`inferno.speculative`), as generate, batch and serve take them."""
+    group = p.add_argument_group("speculative decoding (same output; faster when drafts are accepted)")
+    arg = group.add_argument
+    arg("--speculate", choices=["ngram"], help="draft by prompt lookup: tokens copied from the prompt and "
+        "output so far (text that repeats its prompt: summaries, edits, code)")
+    arg("--draft-model", metavar="NAME", help="draft with this smaller model (same tokenizer), loaded on "
+        "the same backend")
+    arg("--num-speculative-tokens", metavar="K", type=non_negative,
+        help="tokens drafted in a sequence's first round (4); it adapts after")
+
+
+def speculation(args: argparse.Namespace, pipe) -> dict:
+    """The engine's speculative-decoding keywords that `add_speculation_args`' flags ask for, the draft
+    model loaded; a setting that cannot work is a `CliError` naming its flag."""
+    from inferno.speculative import SpeculationError, check_speculation
+
+    if args.speculate is None and args.draft_model is None and args.num_speculative_tokens is None:
+        return {}
+    try:
+        draft = None if args.draft_model is None else pipe.draft(args.draft_model).model
+        check_speculation(pipe.model, args.speculate, draft, args.num_speculative_tokens)
+    except SpeculationError as exc:
+        raise speculation_error(exc, args) from None
+    return {"speculative": args.speculate, "draft_model": draft,
+            "num_speculative_tokens": args.num_speculative_tokens}
+
+
+def speculation_error(exc: Exception, args: argparse.Namespace) -> CliError:
+    """A `SpeculationError` as the one-line error of the flag it is about."""
+    message = str(exc)
+    if message.startswith("num_speculative_tokens "):
+        flag, message = "--num-speculative-tokens", message.removeprefix("num_speculative_tokens ")
+    else:
+        flag = "--draft-model" if args.draft_model else "--speculate"
+    return CliError(f"{flag}: {message}")
 
 
 def add_ray_args(p: argparse.ArgumentParser) -> None:

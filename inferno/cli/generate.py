@@ -5,6 +5,7 @@
     inferno "Q: What is 2+2?\nA:" --stop "\n" --json --logprobs 3
     echo "Once upon a time" | inferno          # the prompt from stdin
     inferno "Summary:" -f notes.txt            # the argument, a newline, then the file's text
+    inferno "Sentiment:" --choice positive --choice negative   # structured output (--json-schema, ...)
 """
 
 from __future__ import annotations
@@ -26,8 +27,12 @@ from inferno.cli._args import (
     CliError,
     Number,
     Parser,
+    add_constraint_args,
     add_model_args,
+    add_speculation_args,
     bias,
+    check_utf8,
+    constraint,
     count,
     decode_text,
     load,
@@ -35,10 +40,12 @@ from inferno.cli._args import (
     read_stdin,
     read_text,
     seed,
+    speculation_error,
     temperature,
     top_p,
     unescape,
 )
+from inferno.jobs.fits import too_long
 
 
 def _generate_parser() -> argparse.ArgumentParser:
@@ -48,13 +55,19 @@ def _generate_parser() -> argparse.ArgumentParser:
         "the text of -f FILE or, without -f, of stdin when it is a pipe or a file; one trailing newline of "
         "that text is dropped.",
         epilog="Subcommands: 'inferno score FILE' gives a text's perplexity; 'inferno batch IN -o OUT' "
-        "generates for a JSONL file of prompts; 'inferno serve' runs an OpenAI-compatible server; "
-        "'inferno backends [--json]' lists compute backends; 'inferno bench' measures them. Everything "
-        "after '--' is the prompt, not flags: put flags before it, and use it for a prompt that is a "
-        "subcommand's name or starts with '-': inferno -n 5 -- backends",
+        "generates for a JSONL file of prompts; 'inferno chat' talks with a chat model in the "
+        "terminal; 'inferno serve' runs an OpenAI-compatible server; "
+        "'inferno inspect TEXT' shows what the model attends to and each layer's prediction; "
+        "'inferno backends [--json]' lists compute backends; 'inferno bench' measures them; "
+        "'inferno help SUBCOMMAND' is 'inferno SUBCOMMAND --help'. Everything after '--' is the prompt, not "
+        "flags: put flags before it, and use it (or -p) for a prompt that is a subcommand's name or "
+        "starts with '-': inferno -n 5 -- backends",
     )
     p.add_argument("prompt", nargs="?", default="",
                    help="prompt text, quoted as one argument (empty: unconditional generation)")
+    p.add_argument("-p", "--prompt", dest="prompt_flag", metavar="TEXT",
+                   help="the prompt, as a flag: for a prompt that looks like a subcommand or a flag "
+                   "(inferno -p serve, inferno -p=-5); not with PROMPT")
     p.add_argument("-f", "--file", metavar="FILE",
                    help="read the prompt from FILE (UTF-8; - for stdin), after PROMPT if both are given")
     add_model_args(p)
@@ -86,6 +99,8 @@ def _generate_parser() -> argparse.ArgumentParser:
     p.add_argument("-j", "--json", action="store_true",
                    help="print one JSON object instead of streaming text")
     p.add_argument("--version", action="version", version=f"inferno {__version__}")
+    add_speculation_args(p)
+    add_constraint_args(p)
     return p
 
 
@@ -101,6 +116,9 @@ def _options(args: argparse.Namespace):
             chosen[name] = getattr(args, name)
     if args.logprobs is not None and not args.json:
         raise CliError("--logprobs is shown in the --json output; add --json")
+    structured = constraint(args)
+    if structured is not None:
+        chosen["constraint"] = structured
     try:
         return GenerationOptions(**chosen, seed=args.seed, stop=tuple(args.stop or ()),
                                  logit_bias=dict(args.logit_bias or ()))
@@ -196,8 +214,45 @@ def _summary(prompt_tokens: int, new_tokens: int, first_s: float | None, rest_s:
     return f"[{prompt}, {new_tokens} new tokens in {rest_s:.2f}s, {rate:.1f} tok/s]"
 
 
-def run(argv: Sequence[str]) -> int:
+def _edits(a: str, b: str) -> int:
+    """Edit distance with adjacent transpositions (``scroe`` is one edit from ``score``)."""
+    rows = [list(range(len(b) + 1))]
+    for i, ca in enumerate(a, 1):
+        row = [i] + [0] * len(b)
+        for j, cb in enumerate(b, 1):
+            row[j] = min(rows[-1][j] + 1, row[j - 1] + 1, rows[-1][j - 1] + (ca != cb))
+            if i > 1 and j > 1 and ca == b[j - 2] and a[i - 2] == cb:
+                row[j] = min(row[j], rows[-2][j - 2] + 1)
+        rows.append(row)
+    return rows[-1][-1]
+
+
+def _check_not_a_typo(args: argparse.Namespace, argv: Sequence[str], subcommands: Sequence[str]) -> None:
+    """A prompt that is one word within an edit of a subcommand (two for words of six letters or more:
+    `inferno servee`) is a mistyped command far more often than a prompt, and generating from it may
+    start a model download: it is a `CliError` that names the subcommand and the two ways to mean the
+    word as a prompt. (Two edits for short words would catch real prompts: "Hello" is two from "help".)"""
+    word = args.prompt
+    if not word or "--" in argv or len(word) < 4 or len(word.split()) != 1 or word != word.strip():
+        return
+    close = sorted((_edits(word.lower(), name), name) for name in subcommands)
+    if close and close[0][0] <= (1 if len(word) <= 5 else 2):
+        name = close[0][1]
+        raise CliError(f"{word!r} is not a subcommand: did you mean `inferno {name}`? (to generate from that "
+                       f"word, use `inferno -- {word}` or `inferno -p {word}`)")
+
+
+def run(argv: Sequence[str], subcommands: Sequence[str] = ()) -> int:
+    """``inferno [PROMPT]`` with `argv`; `subcommands`: the names a one-word prompt must not resemble."""
     args = _parse_generate(argv)
+    _check_not_a_typo(args, argv, subcommands)
+    if args.prompt_flag is not None:
+        if args.prompt:
+            raise CliError(f"give the prompt once: as PROMPT ({args.prompt!r}) or as -p, not both")
+        args.prompt = args.prompt_flag
+    args.prompt = check_utf8(args.prompt, "the prompt")
+    if args.stop:
+        args.stop = [check_utf8(stop, "--stop") for stop in args.stop]
     options = _options(args)
     if args.show_ids and args.json:
         raise CliError("--show-ids adds the ids to the streamed text; the --json output already holds them "
@@ -211,7 +266,17 @@ def run(argv: Sequence[str]) -> int:
         sys.stdout.reconfigure(errors="replace")
 
     pipe = load(args)
-    stream = pipe.tokens(prompt, args.max_new_tokens, stop_at_eos=not args.ignore_eos, options=options)
+    reason = too_long(pipe.tokenizer, prompt, pipe.config.n_positions)
+    if reason:
+        raise CliError(reason)
+    from inferno.speculative import SpeculationError
+
+    try:
+        stream = pipe.tokens(prompt, args.max_new_tokens, stop_at_eos=not args.ignore_eos, options=options,
+                             speculative=args.speculate, draft_model=args.draft_model,
+                             num_speculative_tokens=args.num_speculative_tokens)
+    except SpeculationError as exc:
+        raise speculation_error(exc, args) from None
     start = time.perf_counter()
     first = None
     try:

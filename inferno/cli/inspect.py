@@ -13,7 +13,17 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from inferno.cli._args import CliError, Parser, add_model_args, count, load, non_negative, positive
+from inferno.cli._args import (
+    CliError,
+    Parser,
+    add_model_args,
+    check_utf8,
+    count,
+    load,
+    non_negative,
+    positive,
+)
+from inferno.jobs.fits import too_long
 
 #: The flag that carries each argument of `Pipeline.inspect`, for error messages.
 FLAGS = {"layers": "--layer", "heads": "--head", "positions": "--position", "top": "--top", "ids": "TEXT"}
@@ -42,7 +52,11 @@ def run(argv: Sequence[str]) -> int:
     args = p.parse_args(argv)
     import numpy as np  # here, not at import: `inferno --help` stays cheap
 
+    args.text = check_utf8(args.text, "TEXT")
     pipe = load(args)
+    reason = too_long(pipe.tokenizer, args.text, pipe.config.n_positions, "TEXT")
+    if reason:
+        raise CliError(reason)
     ids = pipe.encode(args.text)
     position = -1 if args.position is None else args.position
     if not -len(ids) <= position < len(ids):

@@ -131,3 +131,47 @@ def ragged_self_attention(x, w_attn, b_attn, w_proj, b_proj, n_head, rows, k_slo
         k_slots[slot][:, :, offset : offset + length] = k[:, :, offset:]
         v_slots[slot][:, :, offset : offset + length] = v[:, :, offset:]
     return out, k_slots, v_slots
+
+
+# ---------------------------------------------------------------------------- the Llama family's kernels
+
+
+def embed_tokens(wte, ids):
+    return f64(wte)[np.asarray(ids)]
+
+
+def heads(x, n_head):
+    """[B, T, H*D] → [B, H, T, D]."""
+    x = f64(x)
+    b, t, c = x.shape
+    return x.reshape(b, t, n_head, c // n_head).transpose(0, 2, 1, 3)
+
+
+def rms_norm(x, gamma, eps):
+    x = f64(x)
+    return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * f64(gamma)
+
+
+def rotary(x, cos, sin):
+    """transformers' rotate_half convention: the first and second halves of each head are the pairs."""
+    x = f64(x)
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    cos, sin = f64(cos), f64(sin)
+    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+def silu_mul(gate, up):
+    gate = f64(gate)
+    with np.errstate(over="ignore"):  # exp(-gate) overflows to inf for very negative gates: silu is then -0
+        return gate / (1.0 + np.exp(-gate)) * f64(up)
+
+
+def gqa_attention(q, k, v, offset):
+    """`attention` with each key/value head repeated for its H // Hkv query heads."""
+    r = q.shape[1] // k.shape[1]
+    return attention(q, np.repeat(f64(k), r, axis=1), np.repeat(f64(v), r, axis=1), offset)
+
+
+def gated_mlp(x, w_gate, w_up, w_down):
+    return linear(silu_mul(linear(x, w_gate), linear(x, w_up)), w_down)

@@ -35,12 +35,16 @@ def _importable(name: str) -> bool:
         return False
 
 
-def limit_blas_to_ray_cpus(default: float = 1.0) -> object:
-    """In a Ray worker: cap BLAS at the CPUs Ray gave this worker (at least one thread), so that workers
-    sharing a node do not oversubscribe it. Ray sets OMP_NUM_THREADS too, but only once NumPy (and its
-    BLAS) may already be loaded. Returns the threadpoolctl limiter (keep it)."""
+def limit_blas_to_ray_cpus(default: float = 1.0) -> int:
+    """In a Ray worker: BLAS on the CPUs Ray gave this worker (at least one thread) from now on, so that
+    workers sharing a node do not oversubscribe it; returns that thread count. Ray sets OMP_NUM_THREADS
+    too, but only once NumPy (and its BLAS) may already be loaded. Set through `inferno.cpu`, whose lock
+    keeps a backend's limited section from undoing it."""
     import ray
-    from threadpoolctl import threadpool_limits
+
+    from inferno.cpu import set_blas_threads
 
     cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", default)
-    return threadpool_limits(limits=max(1, math.floor(cpus)), user_api="blas")
+    threads = max(1, math.floor(cpus))
+    set_blas_threads(threads)
+    return threads

@@ -13,19 +13,21 @@ loads the model once and runs one continuous-batching engine with ``--slots`` se
         ─▶ the driver appends each result row to OUT, once per id
 
 Input: a JSONL file (``.jsonl``/``.ndjson``), a Parquet file, or a folder of them (every such file
-below it, in sorted order). Generation rows are those of ``inferno batch`` (see `inferno.batch`); a
+below it, in sorted order). Generation rows are those of ``inferno batch`` (see `inferno.jobs.generate`); a
 Parquet row is read as the JSON object of its non-null columns, and its number (from 1) stands in for
 the line. Scoring rows are ``{"id": ..., "text": "..."}`` with an optional ``"stride"`` (default:
 ``--stride``); ``text`` may also be a list of token ids. A row without an id gets its line number when
 IN is one file (as ``inferno batch`` gives it), else ``"NAME:LINE"`` with NAME the file's path inside
-the folder. Scoring rows are read and checked by `inferno.score_batch`, as ``inferno score -o`` without
+the folder. Scoring rows are read and checked by `inferno.jobs.score`, as ``inferno score -o`` without
 --ray reads them.
 
 Output: the single-process command's lines, appended to one JSONL file by the driver: generation rows
-are ``{"id": ..., **the fields of inferno --json}``, scoring rows ``{"id": ..., **the fields of inferno
-score --json}``. Rows come in the order their batches finish (input order within a batch): join on
-``id``. Each id is written once: a batch that Ray retries after a worker died gives the same rows again
-(same seeds, same tokens) and the driver drops the repeats. OUT is resumed like ``inferno batch``'s.
+are ``{"id": ..., **the fields of inferno --json}`` (a line in OpenAI's Batch API format, ``custom_id``,
+``method``, ``url``, ``body``, gets that API's output line, as ``inferno batch`` writes it), scoring rows
+``{"id": ..., **the fields of inferno score --json}``. Rows come in the order their batches finish
+(input order within a batch): join on ``id``. Each id is written once: a batch that Ray retries after a
+worker died gives the same rows again (same seeds, same tokens) and the driver drops the repeats. OUT is
+resumed like ``inferno batch``'s.
 
 Malformed rows are reported as ``PROG: FILE:LINE: what`` and skipped; with ``--strict`` any malformed row
 ends the command (exit code 2) before anything is generated, and OUT is not touched. Rows wrong in
@@ -59,8 +61,9 @@ from inferno.engine import DEFAULT_PREFILL_CHUNK, DEFAULT_SLOTS
 from inferno.errors import squash
 from inferno.integrations import limit_blas_to_ray_cpus
 from inferno.jobs.generate import check_request, parse_line
-from inferno.jobs.lines import JobError, LineError, split_lines
-from inferno.jobs.output import Output, check_output, read_done
+from inferno.jobs.lines import JobError, LineError, line_digest, split_lines
+from inferno.jobs.openai_batch import response_line, token_bytes
+from inferno.jobs.output import INPUT_HASH, Output, check_output, read_done
 from inferno.jobs.progress import DeferInterrupts, JobReport
 from inferno.jobs.score import check_score_request, parse_score_line
 
@@ -193,7 +196,7 @@ class _Worker:
         from inferno.backends.registry import get_backend
 
         self.config = JobConfig(**config)
-        self._limits = limit_blas_to_ray_cpus(self.config.cpus_per_worker)
+        self.blas_threads = limit_blas_to_ray_cpus(self.config.cpus_per_worker)
         c = self.config
         try:
             backend = get_backend(c.backend, threads=c.threads) if c.threads is not None else c.backend
@@ -223,6 +226,12 @@ class _Worker:
 def _rows(batch: dict[str, Any]) -> list[dict[str, Any]]:
     names = list(batch)
     return [dict(zip(names, values, strict=True)) for values in zip(*(batch[n] for n in names), strict=True)]
+
+
+def _line(row: dict[str, Any], obj: dict[str, Any]) -> str:
+    """An output line: `obj` with the fingerprint of its input line, as the single-process command writes
+    it (`jobs.output.INPUT_HASH`)."""
+    return json.dumps({**obj, INPUT_HASH: line_digest(str(row["request"]).encode())})
 
 
 def _result(row: dict[str, Any], kind: str, out: str = "", tokens: int = 0, message: str = "") -> dict:
@@ -272,6 +281,10 @@ class _Generator(_Worker):
                 continue
             pending.append((row, req, handle))
         decode = self.pipe.tokenizer.decode
+
+        def token_text(i: int) -> str:
+            return decode([i])
+
         for row, req, handle in pending:
             while not handle.wait(POLL_SECONDS):
                 if not self.engine.alive:  # it fails requests rather than dying; never wait forever
@@ -282,8 +295,11 @@ class _Generator(_Worker):
                                    f"{type(handle.error).__name__}: {reason}"))
                 continue
             result = handle.result()
-            line = json.dumps({"id": req.id, **result.to_dict(lambda i: decode([i]))})
-            out.append(_result(row, "ok", line, result.new_tokens))
+            line = {"id": req.id, **result.to_dict(token_text)}
+            if req.openai is not None:  # a Batch API line: that API's output line, as `inferno batch` writes
+                line = response_line(req.id, req.openai, req.prompt_ids, line, token_text,
+                                     token_bytes(self.pipe.tokenizer))
+            out.append(_result(row, "ok", _line(row, line), result.new_tokens))
         return _columns(out)
 
 
@@ -300,8 +316,7 @@ class _Scorer(_Worker):
                 out.append(_result(row, "malformed", message=str(exc)))
                 continue
             result = self.pipe.score(req.text, req.stride)
-            line = json.dumps({"id": req.id, **result.to_dict()})
-            out.append(_result(row, "ok", line, len(result.ids)))
+            out.append(_result(row, "ok", _line(row, {"id": req.id, **result.to_dict()}), len(result.ids)))
         return _columns(out)
 
 
@@ -390,7 +405,8 @@ class Job:
         model here, once, and check the backend, so that a missing file is the command's own error
         rather than every worker's. The workers then load the folder found."""
         from inferno.backends.registry import get_backend
-        from inferno.hub import parse_model_name, resolve_model_dir
+        from inferno.models.names import parse_model_name
+        from inferno.models.resolve import resolve_model_dir
 
         c = self.config
         if parse_model_name(c.model_dir).kind != "random":  # random weights: each worker builds them

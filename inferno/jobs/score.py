@@ -31,6 +31,7 @@ class ScoreRequest:
     text: str | list[int]  # token ids once checked against the model
     stride: int | None
     line: int = 0  # 1-based line number in IN
+    digest: str | None = None  # the fingerprint of its input line (`lines.line_digest`)
 
 
 def parse_score_line(text: str, line: int, default_stride: int | None) -> ScoreRequest:
@@ -84,7 +85,7 @@ def run_scoring(plan: JobPlan, progress: Progress, say: Callable[[str], None]) -
     """Score `plan.todo` in input order, writing each result to OUT as it is scored. A text the backend
     fails is reported and counted as failed (rerun to retry it); Ctrl-C stops at once, with OUT holding
     only complete lines."""
-    output = Output(plan.out_path, plan.needs_newline)
+    output = Output(plan.out_path, plan.needs_newline, plan.out_fd)
     interrupts = DeferInterrupts()
     report = JobReport(todo=len(plan.todo), skipped=plan.skipped, malformed=plan.malformed)
     start = time.perf_counter()
@@ -99,7 +100,7 @@ def run_scoring(plan: JobPlan, progress: Progress, say: Callable[[str], None]) -
                         f"{type(exc).__name__}: {squash(exc)}")
                     continue
                 with interrupts.critical():  # written and counted, or neither
-                    output.write({"id": req.id, **result.to_dict()})
+                    output.write({"id": req.id, **result.to_dict()}, req.digest)
                     report.written += 1
                     report.tokens += len(result.ids)
                 progress.update(len(result.ids))

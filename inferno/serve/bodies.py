@@ -23,6 +23,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from fastapi.routing import APIRoute
 
+from inferno.files import find_surrogate
+
 #: How deep a body may nest (a request needs 4 levels: a chat message's content parts). json.loads
 #: would recurse until it fails; this says where and why first.
 MAX_DEPTH = 32
@@ -33,7 +35,6 @@ _BRACKETS = re.compile(_STRING + r"|[\[\]{}]")
 _NUMBERS = re.compile(_STRING + r"|-?[0-9]+")
 # A surrogate, raw (bytes decoded with surrogatepass, as json.loads does) or escaped (\ud800-\udfff).
 _MAYBE_SURROGATE = re.compile(r"[\ud800-\udfff]|\\u[dD][89a-fA-F]")
-_SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 
 class BodyError(HTTPException):
@@ -83,26 +84,6 @@ def _path(parent: str, key: str | int) -> str:
     return f"{parent}.{key}" if parent else key
 
 
-def _find_surrogate(value: Any, where: str = "") -> tuple[str, bool] | None:
-    """(the field, whether it is one of its keys) of the first string or object key that holds a lone
-    surrogate."""
-    if isinstance(value, str):
-        return (where, False) if _SURROGATE.search(value) else None
-    if isinstance(value, dict):
-        for k, v in value.items():
-            if _SURROGATE.search(k):
-                return where, True
-            found = _find_surrogate(v, _path(where, k))
-            if found:
-                return found
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            found = _find_surrogate(v, _path(where, i))
-            if found:
-                return found
-    return None
-
-
 def parse_json(body: bytes) -> Any:
     """`body` as strict JSON; `json.JSONDecodeError` (where and why) or `BodyError` (which field)."""
 
@@ -123,7 +104,7 @@ def parse_json(body: bytes) -> Any:
     except RecursionError:  # below MAX_DEPTH on a deep stack: still the client's doing
         raise json.JSONDecodeError("nested too deeply", text, 0) from None
     if _MAYBE_SURROGATE.search(text):
-        found = _find_surrogate(value)
+        found = find_surrogate(value)
         if found is not None:
             field, key = found
             what = (f"{field} has a key that holds" if field else "the body has a key that holds") if key \

@@ -24,16 +24,48 @@ MAX_CONNECTIONS = 1024
 DEFAULT_MODEL_ID = "gpt2"
 
 
+def api_key_problem(key: str) -> str | None:
+    """Why `key` cannot be an API key, or None. An empty key would turn authentication off (``--api-key
+    "$UNSET"``), and one with surrounding whitespace could never match: the server strips the token a
+    client sends."""
+    if key == "":
+        return "the API key is empty (an unset variable?); give a key, or no --api-key to serve without one"
+    if key != key.strip():
+        return "the API key starts or ends with whitespace, which no client can send; remove it"
+    return None
+
+
+def parse_origins(values: list[str]) -> tuple[str, ...]:
+    """The allowed origins from ``--allowed-origins`` values (each comma-separated): ``*`` or
+    ``scheme://host[:port]`` each, without a path; ValueError names a bad one."""
+    out: list[str] = []
+    for value in values:
+        for origin in value.split(","):
+            origin = origin.strip().rstrip("/")
+            if not origin:
+                continue
+            scheme, sep, rest = origin.partition("://")
+            if origin != "*" and not (sep and scheme in ("http", "https") and rest and "/" not in rest):
+                raise ValueError(f"{origin!r} is not an origin: give scheme://host[:port] (as a browser's "
+                                 "Origin header says it, e.g. http://localhost:3000) or *")
+            if origin not in out:
+                out.append(origin)
+    return tuple(out)
+
+
 @dataclass
 class ServeConfig:
     """How the server loads its model and runs its engine.
 
     `model_dir` and `backend` are passed to `inferno.load` (`backend` may be a constructed `Backend`);
     `slots`, `queue` and `prefill_chunk` to `Pipeline.engine`. `model_id` is what /v1/models lists and
-    every response's ``model`` says (requests may name any model: there is only one). `grace_seconds`:
-    on SIGTERM, running requests may finish for this long before they are ended ("cancelled").
+    every response's ``model`` says; a request naming another model (not one of `model_aliases`) is a
+    404. `grace_seconds`: on SIGTERM, running requests may finish for this long before they are ended
+    (finish_reason "abort"). `api_key`: None or a key (`api_key_problem` says which are refused).
+    `allowed_origins`: the origins (or ``*``) whose pages may call the API from a browser (CORS); a
+    request from any other origin is refused (403), one from the server's own page is not.
     `chat_template`: the text of a Jinja2 chat template in Hugging Face's format (None: the plain
-    default of `inferno.serve.chat_template`). `body_timeout` is applied by the app; `header_timeout`
+    default of `inferno.chat_template`). `body_timeout` is applied by the app; `header_timeout`
     and `max_connections` by the HTTP server (`inferno.serve.protocol`), since no app sees a request
     before its headers are complete.
     """
@@ -53,3 +85,14 @@ class ServeConfig:
     body_timeout: float | None = BODY_TIMEOUT
     max_connections: int | None = MAX_CONNECTIONS
     chat_template: str | None = None
+    model_aliases: tuple[str, ...] = ()
+    allowed_origins: tuple[str, ...] = ()
+    #: /v1/inspect requests that may run at once (each a forward pass and a large JSON body); beyond, 429.
+    max_inspections: int = 2
+    #: Automatic prefix caching in the engine (`inferno serve --no-prefix-cache` turns it off).
+    prefix_cache: bool = True
+    #: Speculative decoding for every request the engine runs (`inferno.speculative`): "ngram", or a
+    #: draft model's name (loaded on the same backend), K drafts in a sequence's first round.
+    speculative: str | None = None
+    draft_model: str | None = None
+    num_speculative_tokens: int | None = None

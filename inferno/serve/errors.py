@@ -6,7 +6,8 @@ import json
 from collections.abc import Mapping
 
 #: OpenAI's error types by status (401 and 429 as its API names them).
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+          404: "invalid_request_error",
           405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
           500: "server_error", 503: "service_unavailable"}
 

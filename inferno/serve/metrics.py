@@ -17,7 +17,7 @@ from prometheus_client import (
 )
 
 from inferno.engine import Engine
-from inferno.serve.completions import Observer
+from inferno.serve.running import Observer
 
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -42,6 +42,24 @@ class Metrics(Observer):
         Gauge("inferno_slots_busy", "KV slots in use", registry=r).set_function(
             read(lambda e: e.slots.n_slots - e.free_slots))
         Gauge("inferno_slots_total", "KV slots", registry=r).set_function(read(lambda e: e.slots.n_slots))
+        Gauge("inferno_prefix_cache_queries", "Prompt tokens looked up in the prefix cache (vLLM's "
+              "prefix_cache_queries)", registry=r).set_function(read(lambda e: e.stats.prefix_cache_queries))
+        Gauge("inferno_prefix_cache_hits", "Prompt tokens found in the prefix cache, not prefilled again "
+              "(vLLM's prefix_cache_hits)", registry=r).set_function(
+                  read(lambda e: e.stats.prefix_cache_hits))
+        # Speculative decoding: llama.cpp's and vLLM's counters (vLLM's spec_decode_num_* names).
+        Gauge("inferno_spec_decode_num_drafts", "Rounds that verified drafts", registry=r).set_function(
+            read(lambda e: e.stats.speculation.rounds))
+        Gauge("inferno_spec_decode_num_draft_tokens", "Tokens drafted", registry=r).set_function(
+            read(lambda e: e.stats.speculation.drafted))
+        Gauge("inferno_spec_decode_num_accepted_tokens", "Drafted tokens accepted", registry=r).set_function(
+            read(lambda e: e.stats.speculation.accepted))
+        self._engine = engine
+        self._per_position = Gauge("inferno_spec_decode_num_accepted_tokens_per_pos", "Drafted tokens "
+                                   "accepted, by draft position (0: the first); with _drafted_per_pos, the "
+                                   "acceptance rate per position", ["position"], registry=r)
+        self._drafted_per_position = Gauge("inferno_spec_decode_num_drafted_tokens_per_pos", "Tokens drafted "
+                                           "by draft position", ["position"], registry=r)
         self.prompt_tokens = Counter("inferno_prompt_tokens", "Prompt tokens of admitted requests",
                                      registry=r)
         self.generation_tokens = Counter("inferno_generation_tokens", "New tokens generated", registry=r)
@@ -68,4 +86,10 @@ class Metrics(Observer):
         self.duration.labels(path).observe(seconds)
 
     def render(self) -> bytes:
+        engine = self._engine()
+        if engine is not None:  # the per-position gauges: as many positions as have been drafted
+            stats = engine.stats.speculation
+            for i, (drafted, accepted) in enumerate(zip(stats.drafted_at, stats.accepted_at, strict=True)):
+                self._drafted_per_position.labels(str(i)).set(drafted)
+                self._per_position.labels(str(i)).set(accepted)
         return generate_latest(self.registry)

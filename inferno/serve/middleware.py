@@ -1,5 +1,6 @@
-"""Pure ASGI middleware: the access log (outermost), the API key, the body size limit and read timeout,
-HEAD as GET.
+"""Pure ASGI middleware, outermost first: quiet disconnects, the access log, the shutdown guard (503
+once the grace period is over), the Origin check (and CORS, Starlette's, when origins are allowed), the
+API key, JSON bodies only (415), the body size limit and read timeout, HEAD as GET.
 
 Pure ASGI rather than Starlette's BaseHTTPMiddleware, which would buffer or wrap streaming responses and
 hide the client's disconnect from the route.
@@ -8,11 +9,12 @@ hide the client's disconnect from the route.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from typing import Any
 
 from inferno.serve.errors import ApiError, send_error
@@ -66,8 +68,11 @@ class AccessLog:
 
         try:
             await self.app(scope, receive, send_logged)
-        except BaseException:
-            status = status or 500
+        except BaseException as exc:
+            if client_gone(exc):
+                info["disconnected"] = True
+            else:
+                status = status or 500
             raise
         finally:
             seconds = time.perf_counter() - start
@@ -94,11 +99,43 @@ class AccessLog:
         self.logger.info(" ".join(parts))
 
 
+#: What Ray Serve raises in a request whose client left (`ray.serve.exceptions.RequestCancelledError`,
+#: `ray.exceptions.TaskCancelledError`): named, as Ray is not imported here.
+_CANCELLED_NAMES = frozenset({"RequestCancelledError", "TaskCancelledError", "ClientDisconnect"})
+
+
+def client_gone(exc: BaseException) -> bool:
+    """Whether `exc` only says the client left: the request's task cancelled (Ray Serve cancels it when
+    its client disconnects), Starlette's ClientDisconnect, a broken connection, or a group of those."""
+    group = getattr(exc, "exceptions", None)  # an ExceptionGroup (anyio's task groups raise them)
+    if isinstance(group, (list, tuple)) and group:
+        return all(isinstance(e, BaseException) and client_gone(e) for e in group)
+    if isinstance(exc, (asyncio.CancelledError, ConnectionError)):
+        return True
+    return any(cls.__name__ in _CANCELLED_NAMES for cls in type(exc).__mro__)
+
+
+class QuietDisconnects:
+    """Outermost: a request that ends because its client left ends quietly (the access log inside says
+    "disconnected"), not as an error with a traceback from the server around the app (Ray Serve cancels
+    a request whose client disconnects, and logs what the app raises)."""
+
+    def __init__(self, app: App) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await self.app(scope, receive, send)
+        except BaseException as exc:
+            if scope["type"] != "http" or not client_gone(exc):
+                raise
+
+
 class ApiKey:
     """With a key, every route but the public ones needs ``Authorization: Bearer KEY`` (else 401).
     Without one, this middleware is not installed: any Authorization header is ignored."""
 
-    PUBLIC = frozenset({"/", "/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
+    PUBLIC = frozenset({"/", "/health", "/openapi.json"})
     PUBLIC_PREFIXES = ("/static/",)  # the playground's files
 
     def __init__(self, app: App, key: str) -> None:
@@ -208,3 +245,111 @@ class HeadAsGet:
 
         # A copy: the server keeps its own scope, which says HEAD, and sends no body for it.
         await self.app({**scope, "method": "GET"}, receive, send_headers_only)
+
+
+def _header(scope: Scope, name: bytes) -> bytes | None:
+    return next((v for k, v in scope.get("headers", ()) if k == name), None)
+
+
+class JsonBodies:
+    """A request with a body (POST, PUT, PATCH) must say ``Content-Type: application/json`` (parameters
+    such as ``charset=utf-8`` allowed), else 415. A browser sends any other type (or none, with a
+    Blob) from any page without asking the server first (no CORS preflight): refusing them is what
+    keeps a page on another site from making a local server work."""
+
+    METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+    def __init__(self, app: App) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("method") not in self.METHODS:
+            await self.app(scope, receive, send)
+            return
+        kind = (_header(scope, b"content-type") or b"").split(b";")[0].strip().lower()
+        if kind != b"application/json":
+            said = f"Content-Type {kind.decode('latin-1')}" if kind else "no Content-Type"
+            await send_error(send, ApiError(415, f"the request body must be JSON with Content-Type: "
+                                            f"application/json (this one has {said})",
+                                            code="unsupported_media_type"))
+            return
+        await self.app(scope, receive, send)
+
+
+class OriginCheck:
+    """A request that carries an ``Origin`` header (a browser's, from a page) is refused with 403 unless
+    the page is the server's own (the origin's host is the request's Host: the playground) or its
+    origin is allowed (``--allowed-origins``; ``*`` allows every one). Requests without one (curl, the
+    SDKs) pass. Runs before CORS, so a preflight from an origin not allowed is a 403 too."""
+
+    def __init__(self, app: App, allowed: Collection[str] = ()) -> None:
+        self.app = app
+        self.allowed = frozenset(allowed)
+
+    def allows(self, origin: str, host: str | None) -> bool:
+        if "*" in self.allowed or origin in self.allowed:
+            return True
+        # Same origin: the host (and port) the page came from is the one this request went to.
+        _, sep, netloc = origin.partition("://")
+        return bool(sep) and host is not None and netloc.lower() == host.lower()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        origin = _header(scope, b"origin") if scope["type"] == "http" else None
+        if origin is not None:
+            host = _header(scope, b"host")
+            text = origin.decode("latin-1")
+            if not self.allows(text, host.decode("latin-1") if host is not None else None):
+                await send_error(send, ApiError(403, f"requests from the origin {text} are not allowed: "
+                                                "start the server with --allowed-origins to let its "
+                                                "pages call this API", code="origin_not_allowed"))
+                return
+        await self.app(scope, receive, send)
+
+
+class ShutdownGuard:
+    """Once a shutdown's grace period is over (`grace_over` set) and `settle` seconds more have passed
+    (for the engine's own cancellations to be answered), a request that has not started its response
+    (one waiting for a worker thread: an inspection) is answered 503 in OpenAI's
+    shape and its route abandoned: the thread's result is dropped. A started response (a stream) ends
+    as the engine ends it."""
+
+    def __init__(self, app: App, grace_over: Callable[[], asyncio.Event], settle: float = 1.0) -> None:
+        self.app = app
+        self.grace_over = grace_over
+        self.settle = settle
+
+    async def _deadline(self) -> None:
+        await self.grace_over().wait()
+        await asyncio.sleep(self.settle)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = preempted = False
+
+        async def send_tracked(message: Message) -> None:
+            nonlocal started
+            if preempted:
+                return
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        task = asyncio.ensure_future(self.app(scope, receive, send_tracked))
+        deadline = asyncio.ensure_future(self._deadline())
+        try:
+            await asyncio.wait({task, deadline}, return_when=asyncio.FIRST_COMPLETED)
+            if not task.done() and not started:
+                preempted = True
+                task.cancel()
+                await send_error(send, ApiError(503, "the server is shutting down: this request did not "
+                                                "finish within the grace period", code="shutting_down"))
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+                return
+            await task
+        finally:
+            deadline.cancel()
+            if not task.done():  # we were cancelled ourselves
+                task.cancel()

@@ -1,13 +1,18 @@
 """Request and response models: what the server accepts and answers, and its OpenAPI document.
 
 Requests are validated strictly (a string is not a number, a number is not a boolean, NaN and infinity
-are not numbers) and unknown fields are ignored, as OpenAI's and vLLM's servers ignore them. Every
-optional field may also be ``null``, meaning its default. Ranges that depend on the model (token ids
+are not numbers) and an unknown field is refused as OpenAI refuses it ("Unrecognized request
+argument"), with the field it most resembles (``temprature``: did you mean ``temperature``?): a field
+is honoured or refused, never ignored. OpenAI fields this server does not implement (`UNSUPPORTED`)
+are accepted only with their "off" value (``null``, ``"store": false``...). Every optional field may
+also be ``null``, meaning its default. Ranges that depend on the model (token ids
 against the vocabulary, prompt lengths against the context) are checked when a request runs.
 """
 
 from __future__ import annotations
 
+import difflib
+import json
 import sys
 from typing import Annotated, Any, Literal
 
@@ -19,8 +24,9 @@ from pydantic import (
     StringConstraints,
     ValidationError,
     field_validator,
+    model_validator,
 )
-from pydantic_core import PydanticCustomError
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from inferno.options import MAX_ABS_BIAS, MAX_ABS_PENALTY, MAX_LOGPROBS, MAX_STOP_STRINGS
 
@@ -93,18 +99,114 @@ def _bias_keys(value: Any, handler: Any) -> Any:
                                   {"key": repr(bad)}) from None
 
 
+#: OpenAI request fields this server does not implement, with the values that ask for nothing (accepted,
+#: as they change nothing); any other value is refused as not supported.
+UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    # chat completions
+    "audio": (None,), "modalities": (None, ["text"]), "functions": (None, []),
+    "function_call": (None, "none"),
+    "tool_choice": (None, "none"), "parallel_tool_calls": (None, True, False), "prediction": (None,),
+    "metadata": (None, {}), "store": (None, False), "service_tier": (None, "auto", "default"),
+    "reasoning_effort": (None,), "web_search_options": (None,), "verbosity": (None,),
+    # a chat message (as a client sends back an earlier reply)
+    "tool_calls": (None, []), "tool_call_id": (None,), "refusal": (None,),
+}
+
+
+def _unknown_field(name: str, value: Any, fields: list[str]) -> InitErrorDetails | None:
+    """The error for a field that is not one of `fields` (None: an OpenAI field sent "off")."""
+    if name in UNSUPPORTED:
+        if any(value == ok and type(value) is type(ok) for ok in UNSUPPORTED[name]):
+            return None
+        ok = " or ".join(json.dumps(v) for v in UNSUPPORTED[name])
+        error = PydanticCustomError("unsupported_field", "is an OpenAI field this server does not support "
+                                    "(only {ok})", {"ok": ok})
+    else:
+        close = difflib.get_close_matches(name, fields, n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]!r}?" if close else f" (the fields: {', '.join(fields)})"
+        error = PydanticCustomError("unknown_field", "is not a field of this request{hint}", {"hint": hint})
+    return InitErrorDetails(type=error, loc=(name,), input=value)
+
+
 class _Request(BaseModel):
-    model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="ignore")
+    """A request's object: strict types, and no field the model does not have (`_unknown_field`)."""
+
+    model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_fields_only(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value  # pydantic says what the object must be
+        fields = [f.alias or name for name, f in cls.model_fields.items()]  # as the client spells them
+        unknown = [k for k in value if k not in fields]
+        if not unknown:
+            return value
+        errors = [e for e in (_unknown_field(k, value[k], fields) for k in unknown) if e is not None]
+        if errors:
+            raise ValidationError.from_exception_data(cls.__name__, errors)
+        return {k: v for k, v in value.items() if k not in unknown}
 
 
 class StreamOptions(_Request):
     include_usage: bool | None = Field(None, description="Send a last chunk with the usage and no choices.")
 
 
+# ---------------------------------------------------------------------------------- structured output
+# The request's constraint (issue #42; see docs/structured-output.md): OpenAI's `response_format`,
+# vLLM's `structured_outputs`, or vLLM's older `guided_*` names (honoured, never ignored). At most one
+# per request (`inferno.serve.constraints` builds the `Constraint` and says which fields clash).
+
+JsonSchema = dict[str, Any]
+Choices = Annotated[list[str], Field(min_length=1)]
+
+
+class JsonSchemaFormat(_Request):
+    """``response_format.json_schema``: OpenAI's named schema."""
+
+    name: Annotated[str, Field(min_length=1, max_length=64)] = Field(
+        description="The schema's name (OpenAI requires one); a label only.")
+    description: str | None = Field(None, description="Accepted; a label only (the model is not told).")
+    schema_: JsonSchema = Field(alias="schema", description="A JSON Schema: every choice's text is a JSON "
+                                "document it validates.")
+    strict: bool | None = Field(None, description="Accepted; the schema is enforced either way (false "
+                                "does not loosen it).")
+
+
+class TextFormat(_Request):
+    type: Literal["text"]
+
+
+class JsonObjectFormat(_Request):
+    type: Literal["json_object"]
+
+
+class JsonSchemaResponseFormat(_Request):
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaFormat
+
+
+ResponseFormat = Annotated[TextFormat | JsonObjectFormat | JsonSchemaResponseFormat,
+                           Field(discriminator="type")]
+_FORMAT_TYPES = '"text", "json_object" or "json_schema"'
+
+
+class StructuredOutputs(_Request):
+    """vLLM's ``structured_outputs``: exactly one of its fields."""
+
+    json_: JsonSchema | str | None = Field(None, alias="json", description="A JSON Schema (an object, or "
+                                           "its JSON text).")
+    regex: str | None = Field(None, description="A regular expression the whole text matches.")
+    choice: Choices | None = Field(None, description="The text is exactly one of these strings.")
+    grammar: str | None = Field(None, description="A Lark grammar (llguidance's dialect) the text matches.")
+    json_object: bool | None = Field(None, description="true: the text is a JSON object.")
+
+
 class GenerationRequest(_Request):
     """The fields that completions and chat completions share: sampling, stops, penalties, streaming."""
 
-    model: str | None = Field(None, description="Ignored: the server has one model (see /v1/models).")
+    model: str | None = Field(None, description="The model's id as /v1/models lists it (or an alias, see "
+                              "docs/serving.md); another is a 404 model_not_found. Default: the one model.")
     temperature: Temperature | None = Field(None, description="Default 1; 0: greedy.")
     top_p: TopP | None = Field(None, description="Nucleus mass (1, off).")
     top_k: Annotated[int, Field(ge=-1), JSON_INT] | None = Field(
@@ -126,6 +228,29 @@ class GenerationRequest(_Request):
         None, description="Token id (as a string) to a bias added to its logit; -100 bans it.")
     ignore_eos: bool | None = Field(None, description="Extension: keep generating past <|endoftext|>.")
     user: str | None = Field(None, description="Accepted and ignored.")
+    response_format: ResponseFormat | None = Field(
+        None, description='{"type": "text"} (the default), {"type": "json_object"}: a JSON object, or '
+        '{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}: JSON that validates '
+        "against the schema. At most one of response_format, structured_outputs and guided_*.")
+    structured_outputs: StructuredOutputs | None = Field(
+        None, description="vLLM's constraint: exactly one of json, regex, choice, grammar, json_object.")
+    guided_json: JsonSchema | str | None = Field(None, description="vLLM's older name of "
+                                                 "structured_outputs.json (honoured).")
+    guided_regex: str | None = Field(None, description="vLLM's older name of structured_outputs.regex.")
+    guided_choice: Choices | None = Field(None, description="vLLM's older name of "
+                                          "structured_outputs.choice.")
+    guided_grammar: str | None = Field(None, description="vLLM's older name of "
+                                       "structured_outputs.grammar.")
+
+    @field_validator("response_format", mode="wrap")
+    @classmethod
+    def _format_types(cls, value: Any, handler: Any) -> Any:
+        # A tagged union says "Input tag ... does not match any of the expected tags": say the rule.
+        if isinstance(value, dict) and value.get("type") not in ("text", "json_object", "json_schema"):
+            got = "no type" if "type" not in value else f"type {json.dumps(value['type'])}"
+            raise PydanticCustomError("response_format_type", "must have a type of {types}; got {got}",
+                                      {"types": _FORMAT_TYPES, "got": got})
+        return handler(value)
 
     @field_validator("stop", mode="wrap")
     @classmethod
@@ -213,7 +338,7 @@ class ChatMessage(_Request):
 
 class ChatCompletionRequest(GenerationRequest):
     """``POST /v1/chat/completions``: OpenAI's chat fields over the same generation as completions. The
-    messages become one prompt through the chat template (see `inferno.serve.chat_template`)."""
+    messages become one prompt through the chat template (see `inferno.chat_template`)."""
 
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_tokens: Annotated[int, Field(ge=1), JSON_INT] | None = Field(
@@ -224,7 +349,6 @@ class ChatCompletionRequest(GenerationRequest):
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS), JSON_INT] | None = Field(
         None, description="With logprobs: the N most likely alternatives of each token.")
     tools: list[Any] | None = Field(None, description="Not supported: only null or empty.")
-    response_format: dict[str, Any] | None = Field(None, description='Only {"type": "text"}.')
 
     @field_validator("tools")
     @classmethod
@@ -233,21 +357,16 @@ class ChatCompletionRequest(GenerationRequest):
             raise PydanticCustomError("unsupported", "is not supported: GPT-2 has no tool calling")
         return value
 
-    @field_validator("response_format")
-    @classmethod
-    def _text_only(cls, value: Any) -> Any:
-        if value is not None and value.get("type", "text") != "text":
-            raise PydanticCustomError("unsupported", 'is not supported beyond {"type": "text"}')
-        return value
-
 
 class TokenizeRequest(_Request):
     """``POST /tokenize``: ``content`` (llama.cpp's server) or ``prompt`` (vLLM's)."""
 
     content: str | None = None
     prompt: str | None = None
-    add_special_tokens: bool | None = Field(None, description="Accepted; GPT-2 adds no special tokens.")
-    add_special: bool | None = Field(None, description="Accepted; GPT-2 adds no special tokens.")
+    add_special_tokens: bool | None = Field(None, description="true: the tokenizer's special tokens around "
+                                            "the text (a BOS; GPT-2 has none); default false, as "
+                                            "/v1/completions reads a prompt (vLLM's name).")
+    add_special: bool | None = Field(None, description="The same (llama.cpp's name).")
     parse_special: bool | None = Field(None, description="<|endoftext|> in the text is the special token "
                                        "(default true); false: it is plain text.")
 
@@ -304,7 +423,9 @@ class InspectResponse(BaseModel):
     attention: list[list[list[list[float]]]]
     logit_lens: list[list[list[LensEntry]]]
 
-FinishReason = Literal["stop", "length", "cancelled"]
+#: "abort": ended by the server (shut down past --grace-seconds), as vLLM says it; no OpenAI client
+#: breaks on it (OpenAI's own are stop, length, content_filter, tool_calls).
+FinishReason = Literal["stop", "length", "abort"]
 
 
 class CompletionLogprobs(BaseModel):
@@ -312,14 +433,19 @@ class CompletionLogprobs(BaseModel):
     alternatives (text → logprob; null where the logprob is) and where its text starts in the choice's
     text. A token whose bytes are not UTF-8 on their own is written ``bytes:\\xNN...``. With the
     ``return_token_ids`` extension also each token's id and the ids of its top_logprobs, in their order
-    (absent otherwise)."""
+    (absent otherwise), and with a constraint too, which tokens it forced. A constrained choice's logprobs
+    are after the constraint's mask: top_logprobs only among the tokens it allowed."""
 
     tokens: list[str]
     token_logprobs: list[float | None]
     top_logprobs: list[dict[str, float] | None]
     text_offset: list[int]
     token_ids: list[int] | None = None
-    top_token_ids: list[list[int] | None] | None = None
+    top_token_ids: list[list[int] | None] | None = Field(
+        None, description="Extension (return_token_ids): the ids of each token's top_logprobs, in order.")
+    forced: list[bool] | None = Field(
+        None, description="Extension (return_token_ids with a constraint): per token, whether the "
+        "constraint allowed that token only (so the model did not choose it).")
 
 
 class CompletionChoice(BaseModel):
@@ -414,6 +540,9 @@ class ModelCard(BaseModel):
     created: int
     owned_by: str = "inferno"
     max_model_len: int
+    #: The model family inferno runs it as ("gpt2", "llama") and its config.json model_type ("qwen3", ...).
+    family: str
+    architecture: str
 
 
 class ModelList(BaseModel):

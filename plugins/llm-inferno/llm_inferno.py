@@ -4,8 +4,12 @@
     llm -m gpt2 "The quick brown fox"
     llm -m gpt2 -o temperature 0.8 -o top_k 40 -o seed 1 "Once upon a time"
     llm -m gpt2 -o model_dir ./my-gpt2 -o backend cpu-threaded "Hello"
+    llm -m gpt2 --schema '{"type": "object", "properties": {"name": {"type": "string"}}}' "A dog:"
 
-It uses inferno's public API only: `inferno.load` and the `Pipeline`'s token stream.
+It uses inferno's public API only: `inferno.load`, the `Pipeline`'s token stream, `inferno.structured`
+for ``--schema`` (the output is held to the schema by constrained decoding; needs
+``inferno-gpt2[structured]``) and `inferno.chat_template` for the conversations of a model that has a
+chat template of its own.
 """
 
 from __future__ import annotations
@@ -69,6 +73,46 @@ def load_pipeline(name: str, model_dir: str | None, backend: str | None) -> infe
         return _pipelines[key]
 
 
+def chat_template(pipe: inferno.Pipeline):
+    """The model's own chat template (its tokenizer_config.json's ``chat_template``), compiled, with
+    the model's BOS and EOS texts (`inferno.chat_template.model_template`); None when it has none
+    (GPT-2). A template that does not compile, or jinja2 missing, is an `llm.ModelError`."""
+    from inferno.chat_template import ChatTemplateError, model_template
+
+    try:
+        return model_template(pipe.tokenizer, eos_token_id=pipe.config.eos_token_id)
+    except ChatTemplateError as e:
+        raise llm.ModelError(f"inferno cannot use the model's chat template: {e}") from e
+
+
+def chat_prompt(template, prompt: llm.Prompt, conversation: llm.Conversation | None) -> str:
+    """The conversation up to this prompt rendered by the model's `template`, ending with the assistant's
+    turn to speak: every system prompt, prompt and reply as a message (empty system prompts left out;
+    a system prompt repeated on each turn, as ``llm chat -s`` gives it, said once)."""
+    from inferno.chat_template import ChatTemplateError
+
+    messages: list[dict[str, str]] = []
+    for role, text in _turns(prompt, conversation):
+        if role == "system" and (not text or any(m == {"role": "system", "content": text} for m in messages)):
+            continue
+        messages.append({"role": role, "content": text})
+    try:
+        return template.render(messages)
+    except ChatTemplateError as e:
+        raise llm.ModelError(str(e)) from e
+
+
+def schema_constraint(schema: dict):
+    """``--schema``'s JSON Schema as an `inferno.structured.Constraint`; a schema the constraint library
+    refuses, or the library missing, is an `llm.ModelError` saying why."""
+    from inferno.structured import Constraint, ConstraintError
+
+    try:
+        return Constraint.json_schema(schema, field="schema")
+    except ConstraintError as e:
+        raise llm.ModelError(f"inferno cannot constrain the output to this schema: {e.reason}") from e
+
+
 def prompt_text(prompt: llm.Prompt, conversation: llm.Conversation | None) -> str:
     """The text GPT-2 continues. It has no chat format, so a conversation is one running text: the
     first system prompt and a blank line, then every earlier prompt followed by its continuation, then
@@ -98,6 +142,7 @@ def _turns(prompt: llm.Prompt, conversation: llm.Conversation | None) -> list[tu
 
 class Inferno(llm.Model):
     can_stream = True
+    supports_schema = True
 
     class Options(llm.Options):
         max_tokens: int | None = Field(
@@ -141,8 +186,15 @@ class Inferno(llm.Model):
         sampling = {name: getattr(options, name) for name in SAMPLING_OPTIONS
                     if getattr(options, name) is not None}
         max_tokens = DEFAULT_MAX_TOKENS if options.max_tokens is None else options.max_tokens
+        if prompt.schema:
+            sampling["constraint"] = schema_constraint(prompt.schema)
+        template = chat_template(pipe)
+        if template is None:
+            text: str | list[int] = prompt_text(prompt, conversation)
+        else:  # the template writes the special tokens it needs as text: read them as such
+            text = pipe.tokenizer.encode(chat_prompt(template, prompt, conversation), allow_special=True)
         # A bad prompt (too long for the context) is a ValueError with one line, which llm shows as is.
-        tokens = pipe.tokens(prompt_text(prompt, conversation), max_tokens, **sampling)
+        tokens = pipe.tokens(text, max_tokens, **sampling)
         # Each step's text is released once it is whole (a character split across tokens is held back).
         for step in tokens.steps():
             if step.text:

@@ -6,6 +6,7 @@ takes its place."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -22,6 +23,8 @@ CONFIG = ROOT / "examples" / "ray_serve.yaml"
 #: Ray names a replica's process after its deployment.
 REPLICA = "ServeReplica:inferno:InfernoServer"
 SLOTS = 4
+#: The served model's id: requests name it (another is a 404).
+MODEL = "ray-model"
 
 pytestmark = pytest.mark.filterwarnings("ignore:Using extra keyword arguments on `Field`")  # Ray's own
 
@@ -45,7 +48,7 @@ def served(ray_address, ray_model_dir, tmp_path_factory):
     port = free_port()
     config["http_options"].update(host="127.0.0.1", port=port)
     app = config["applications"][0]
-    app["args"].update(model_dir=str(ray_model_dir), slots=SLOTS)
+    app["args"].update(model_dir=str(ray_model_dir), slots=SLOTS, served_model_name=MODEL)
     deployment = app["deployments"][0]
     deployment["autoscaling_config"].update(min_replicas=2, initial_replicas=2, max_replicas=2)
     deployment["ray_actor_options"]["num_cpus"] = 0.5
@@ -82,18 +85,65 @@ def local(ray_model_dir):
 def test_the_openai_client_streams_completions_through_the_proxy(served, client, local, ray_model_dir):
     prompt = "The quick brown fox"
     expected = local.generate(prompt, max_new_tokens=12, stop_at_eos=False).text
-    stream = client.completions.create(model="ray-model", prompt=prompt, max_tokens=12, temperature=0,
+    stream = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0,
                                        stream=True, extra_body={"ignore_eos": True})
     pieces = [chunk.choices[0].text for chunk in stream]
     assert len(pieces) >= 2 and "".join(pieces) == expected
-    whole = client.completions.create(model="ray-model", prompt=prompt, max_tokens=12, temperature=0,
+    whole = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0,
                                       extra_body={"ignore_eos": True})
     assert whole.choices[0].text == expected and whole.usage.completion_tokens == 12
     # The other routes of `inferno serve` answer through the proxy as well.
     models = httpx.get(f"{served}/v1/models", timeout=30).json()
-    assert [m["id"] for m in models["data"]] == [ray_model_dir.name]  # the folder's name, as inferno serve
+    assert [m["id"] for m in models["data"]] == [MODEL]  # the served_model_name, as inferno serve
     health = httpx.get(f"{served}/health", timeout=30).json()
     assert health["status"] == "ok" and health["slots_total"] == SLOTS
+
+
+def serve_logs() -> list[Path]:
+    """This Ray session's log files that a replica writes: Serve's replica logs and its workers' stdout
+    and stderr."""
+    import ray
+
+    session = Path(ray._private.worker._global_node.get_session_dir_path())  # noqa: SLF001
+    logs = session / "logs"
+    return sorted([*logs.glob("serve/replica_*.log"), *logs.glob("worker-*.out"), *logs.glob("worker-*.err")])
+
+
+def new_text(offsets: dict[Path, int], only: str = "") -> str:
+    """What the logs (whose names start with `only`) hold past `offsets` (a file that is new: all)."""
+    parts = []
+    for path in serve_logs():
+        if path.name.startswith(only):
+            with open(path, "rb") as f:
+                f.seek(offsets.get(path, 0))
+                parts.append(f.read().decode("utf-8", "replace"))
+    return "".join(parts)
+
+
+def test_a_client_that_leaves_a_stream_is_one_disconnected_line_not_an_internal_error(served):
+    """Serve cancels the request of a client that disconnects; the replica logs it as `inferno serve`
+    does, one access-log line ending "disconnected", with no traceback and no internal error (before
+    #39: a 90-line traceback of a TaskCancelledError)."""
+    import time
+
+    offsets = {path: path.stat().st_size for path in serve_logs()}
+    body = {"model": MODEL, "prompt": "A stream its client leaves", "max_tokens": 100, "stream": True,
+            "ignore_eos": True}
+    with httpx.stream("POST", f"{served}/v1/completions", json=body, timeout=60) as r:
+        assert r.status_code == 200
+        assert next(line for line in r.iter_lines() if line).startswith("data: {")
+    # The connection is closed here, the stream not read to its end.
+    ours = re.compile(r'"POST /v1/completions" 200 disconnected')
+    wait_for("the replica's access-log line", lambda: ours.search(new_text(offsets)), 60, interval=0.5)
+    time.sleep(2)  # anything logged after it (an error from the task Serve cancelled)
+    text = new_text(offsets)
+    assert "disconnected, cancelling request" in text, text[-5000:]  # Serve's proxy did cancel it
+    assert len(ours.findall(new_text(offsets, "replica_"))) == 1, text[-5000:]  # (its stderr has it too)
+    for needle in ("Traceback", "Internal Server Error", "internal error", "Exception in ASGI", "ERROR"):
+        assert needle not in text, text[-5000:]
+    # The replica serves on: another request through the proxy succeeds.
+    r = httpx.post(f"{served}/v1/completions", json={**body, "stream": False, "max_tokens": 4}, timeout=60)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4, r.text
 
 
 def test_a_killed_replica_is_replaced_and_requests_keep_succeeding(served, client, local):
@@ -104,11 +154,11 @@ def test_a_killed_replica_is_replaced_and_requests_keep_succeeding(served, clien
     for i, prompt in enumerate(prompts):  # right after the death: the proxy must route around it
         expected = local.generate(prompt, max_new_tokens=6, stop_at_eos=False).text
         if i % 2:
-            stream = client.completions.create(model="m", prompt=prompt, max_tokens=6, temperature=0,
+            stream = client.completions.create(model=MODEL, prompt=prompt, max_tokens=6, temperature=0,
                                                stream=True, extra_body={"ignore_eos": True})
             text = "".join(chunk.choices[0].text for chunk in stream)
         else:
-            text = client.completions.create(model="m", prompt=prompt, max_tokens=6, temperature=0,
+            text = client.completions.create(model=MODEL, prompt=prompt, max_tokens=6, temperature=0,
                                              extra_body={"ignore_eos": True}).choices[0].text
         assert text == expected, prompt
 
@@ -123,6 +173,6 @@ def test_a_killed_replica_is_replaced_and_requests_keep_succeeding(served, clien
     wait_for("the application to be healthy again",
              lambda: serve.status().applications["inferno"].status == "RUNNING", 60, interval=0.5)
     for prompt in prompts[:4]:
-        assert client.completions.create(model="m", prompt=prompt, max_tokens=6, temperature=0,
+        assert client.completions.create(model=MODEL, prompt=prompt, max_tokens=6, temperature=0,
                                          extra_body={"ignore_eos": True}).choices[0].text == \
             local.generate(prompt, max_new_tokens=6, stop_at_eos=False).text

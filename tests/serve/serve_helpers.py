@@ -41,6 +41,7 @@ def server_env(home: Path) -> dict[str, str]:
     env = dict(os.environ, INFERNO_OFFLINE="1", HF_HOME=str(home / "hf"), PYTHONUNBUFFERED="1")
     env.pop("INFERNO_BACKEND", None)
     env.pop("HF_HUB_CACHE", None)
+    env.pop("INFERNO_API_KEY", None)  # a developer's own key would lock every test out
     return env
 
 

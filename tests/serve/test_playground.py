@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -240,6 +241,43 @@ def test_score_mode_shows_the_perplexity_of_pipeline_score(browser, server, pipe
     assert [int(s.get_attribute("data-id")) for s in spans] == result.ids
     assert "".join(s.text for s in spans) == text
     assert severe(driver) == []
+
+
+def test_a_regex_constraint_shapes_the_output_and_forced_tokens_look_different(browser, server):
+    from selenium.webdriver.support.ui import Select
+
+    driver = browser
+    open_page(driver, server)
+    assert not driver.find_element(By.ID, "constraint").is_displayed()  # kind "None": no box
+    Select(driver.find_element(By.ID, "constraint_kind")).select_by_value("regex")
+    assert driver.find_element(By.ID, "constraint").is_displayed()
+    pattern = r"[0-9]{3}-[a-z]{2}\."
+    set_value(driver, "constraint", pattern)
+    generate(driver, "Code:", 20, temperature="1", seed="7")
+    wait(driver, done)
+    assert text_of(driver, "status") == "Done.", text_of(driver, "err-general")
+    spans = driver.find_elements(By.CSS_SELECTOR, "#output .tok")
+    assert re.fullmatch(pattern, "".join(s.text for s in spans))
+    forced = [s for s in spans if "forced" in s.get_attribute("class").split()]
+    # After the letters only "." ends the pattern: the constraint forced it; the digits were chosen.
+    assert forced and forced[-1] == spans[-1] and spans[-1].text == "." and len(forced) < len(spans)
+    style = "return getComputedStyle(arguments[0]).fontStyle"
+    assert driver.execute_script(style, forced[-1]) == "italic"
+    chosen = next(s for s in spans if s not in forced)
+    assert driver.execute_script(style, chosen) == "normal"
+    driver.execute_script("arguments[0].focus()", forced[-1])
+    tip = driver.find_element(By.ID, "tip")
+    wait(driver, lambda d: tip.is_displayed())
+    assert "Forced by the constraint" in tip.text
+    driver.execute_script("arguments[0].focus()", chosen)
+    wait(driver, lambda d: "Forced by the constraint" not in tip.text)
+    assert severe(driver) == []
+    # The server's 400 for a pattern it cannot use is shown beside the box, under the box's name.
+    set_value(driver, "constraint", "[0-9")
+    driver.find_element(By.ID, "generate").click()
+    wait(driver, lambda d: text_of(d, "err-constraint") != "")
+    assert text_of(driver, "err-constraint").startswith("Regular expression")
+    assert driver.find_element(By.ID, "constraint").get_attribute("aria-invalid") == "true"
 
 
 def test_screenshot(browser, server, tmp_path):

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from inferno.options import MAX_ABS_BIAS, MAX_ABS_PENALTY, MAX_LOGPROBS, MAX_STOP_STRINGS
 from inferno.serve.schemas import (
     MAX_N,
+    ChatCompletionRequest,
     CompletionChoice,
     CompletionLogprobs,
     CompletionRequest,
@@ -63,10 +64,24 @@ def test_every_optional_field_takes_null():
     assert all(getattr(r, k) is None for k in fields)
 
 
-def test_unknown_fields_are_ignored():
-    r = CompletionRequest(prompt="hi", frobnicate=3)
-    assert r.prompt == "hi" and not hasattr(r, "frobnicate")
-    assert TokenizeRequest(content="x", other=1).content == "x"
+def test_unknown_fields_are_refused_with_the_closest_field():
+    err = one_error(CompletionRequest, prompt="hi", temprature=0)
+    assert (err["type"], err["loc"]) == ("unknown_field", ("temprature",))
+    assert err["msg"] == "is not a field of this request; did you mean 'temperature'?"
+    err = one_error(TokenizeRequest, content="x", other=1)
+    assert err["loc"] == ("other",) and err["msg"].startswith("is not a field of this request (the fields: ")
+    err = one_error(ChatCompletionRequest, messages=[{"role": "user", "content": "x", "nmae": "a"}])
+    assert err["loc"] == ("messages", 0, "nmae") and "did you mean 'name'?" in err["msg"]
+
+
+def test_openai_fields_not_implemented_are_accepted_only_off():
+    messages = [{"role": "assistant", "content": "x", "refusal": None, "tool_calls": []}]
+    r = ChatCompletionRequest(messages=messages, store=False, tool_choice="none", metadata={})
+    assert not hasattr(r, "store") and not hasattr(r.messages[0], "refusal")
+    for name, value in (("store", True), ("tool_choice", "auto"), ("audio", {}), ("store", 0)):
+        err = one_error(ChatCompletionRequest, messages=messages, **{name: value})
+        assert (err["type"], err["loc"]) == ("unsupported_field", (name,))
+        assert err["msg"].startswith("is an OpenAI field this server does not support (only null")
 
 
 # ------------------------------------------------------------------------------------------- prompt
@@ -290,7 +305,7 @@ def test_booleans_are_strict(name):
 def test_stream_options():
     assert CompletionRequest(stream_options={"include_usage": True}).stream_options.include_usage is True
     assert StreamOptions().include_usage is None
-    assert StreamOptions(include_usage=None, other=1).include_usage is None
+    assert one_error(StreamOptions, include_usage=None, other=1)["loc"] == ("other",)
     assert one_error(StreamOptions, include_usage=1)["type"] == "bool_type"
     err = one_error(CompletionRequest, stream_options={"include_usage": "yes"})
     assert err["loc"] == ("stream_options", "include_usage")
@@ -367,14 +382,14 @@ def test_completion_response_shape_and_defaults():
     assert CompletionChoice(text="", index=1).model_dump() == {
         "text": "", "index": 1, "logprobs": None, "finish_reason": None}
     assert CompletionResponse(id="x", created=0, model="m", choices=[]).usage is None
-    for reason in ("stop", "length", "cancelled"):
+    for reason in ("stop", "length", "abort"):
         assert CompletionChoice(text="", index=0, finish_reason=reason).finish_reason == reason
     with pytest.raises(ValidationError):
         CompletionChoice(text="", index=0, finish_reason="eos")
 
 
 def test_model_list_health_tokenizer_and_errors():
-    card = ModelCard(id="gpt2", created=1, max_model_len=1024)
+    card = ModelCard(id="gpt2", created=1, max_model_len=1024, family="gpt2", architecture="gpt2")
     assert card.object == "model" and card.owned_by == "inferno"
     assert ModelList(data=[card]).model_dump()["object"] == "list"
     h = Health(status="ok", model="gpt2")

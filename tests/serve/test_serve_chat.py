@@ -24,7 +24,8 @@ NEXT_TURN_BIAS = {"198": 100, "12982": 100, "25": 100}
 
 @pytest.fixture(scope="module")
 def server(small_model_dir, tmp_path_factory):
-    with running(small_model_dir, "--slots", "4", "--queue", "8", home=tmp_path_factory.mktemp("chat")) as s:
+    flags = ("--slots", "4", "--queue", "8", "--served-model-name", "gpt2")  # the model the requests name
+    with running(small_model_dir, *flags, home=tmp_path_factory.mktemp("chat")) as s:
         yield s
 
 
@@ -136,7 +137,7 @@ def test_text_parts_and_every_role(client, small_pipe):
     ({"max_completion_tokens": 0}, "max_completion_tokens"),
     ({"temperature": 3}, "temperature"),
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"response_format": {"type": "yaml"}}, "response_format"),
     ({"messages": [{"role": "user", "content": "x " * 200}]}, "messages"),  # longer than the context
 ])
 def test_bad_requests_are_400_naming_the_field(client, kwargs, param):
@@ -145,8 +146,8 @@ def test_bad_requests_are_400_naming_the_field(client, kwargs, param):
     assert info.value.body["param"] == param and param in info.value.body["message"]
 
 
-def test_models_is_unchanged_and_the_route_is_documented(client, server, small_model_dir):
-    assert [m.id for m in client.models.list().data] == [small_model_dir.name]
+def test_models_is_unchanged_and_the_route_is_documented(client, server):
+    assert [m.id for m in client.models.list().data] == ["gpt2"]  # --served-model-name
     doc = httpx.get(server.url + "/openapi.json", timeout=30).json()
     chat_doc = doc["paths"]["/v1/chat/completions"]["post"]
     assert "text/event-stream" in chat_doc["responses"]["200"]["content"]
@@ -166,7 +167,8 @@ TEMPLATE = ("{% if messages[0]['content'] == 'mutate' %}{{ messages.append(1) }}
 def test_a_jinja_template_from_a_file(small_model_dir, small_pipe, tmp_path):
     path = tmp_path / "chat.jinja"
     path.write_text(TEMPLATE)
-    with running(small_model_dir, "--chat-template", str(path), home=tmp_path) as s:
+    flags = ("--chat-template", str(path), "--served-model-name", "gpt2")
+    with running(small_model_dir, *flags, home=tmp_path) as s:
         c = openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0, timeout=60)
         r = c.chat.completions.create(model="gpt2", messages=MESSAGES, max_tokens=6, temperature=0)
         rendered = ("<|system|>You answer briefly.<|endoftext|>\n<|user|>What is the capital of France?"
@@ -183,9 +185,45 @@ def test_a_jinja_template_from_a_file(small_model_dir, small_pipe, tmp_path):
         assert "Traceback" not in s.log()
 
 
+#: A template that fails while rendering, in a way the first message picks (#39, bug 9: these were 500s
+#: with a traceback).
+FAULTY = ("{% macro down(n) %}{{ down(n + 1) }}{% endmacro %}{% set c = messages[0]['content'] %}"
+          "{% if c == 'zero' %}{{ 1 / 0 }}{% elif c == 'overflow' %}{{ (2.0 ** 1000) ** 2 }}"
+          "{% elif c == 'recurse' %}{{ down(0) }}"
+          "{% elif c == 'huge' %}{{ (10 ** (c | length * 2000)) | string }}"
+          "{% endif %}[{{ c }}]{{ eos_token }}")
+
+
+def test_a_tokenizer_config_as_the_template_and_errors_while_rendering_are_400(small_model_dir, small_pipe,
+                                                                               tmp_path):
+    # --chat-template takes a tokenizer_config.json: its chat_template field is the template (it was
+    # rendered literally before).
+    path = tmp_path / "tokenizer_config.json"
+    path.write_text(json.dumps({"eos_token": "<|endoftext|>", "chat_template": FAULTY}))
+    flags = ("--chat-template", str(path), "--served-model-name", "gpt2")
+    with running(small_model_dir, *flags, home=tmp_path) as s:
+        body = {"model": "gpt2", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+        ok = httpx.post(s.url + "/v1/chat/completions", timeout=60, json=body)
+        assert ok.status_code == 200, ok.text
+        ids = small_pipe.tokenizer.encode("[hi]<|endoftext|>", allow_special=True)
+        assert ok.json()["usage"]["prompt_tokens"] == len(ids)
+        for content, needle in (("zero", "ZeroDivisionError"), ("overflow", "OverflowError"),
+                                ("recurse", "recursed too deeply"), ("huge", "ValueError")):
+            r = httpx.post(s.url + "/v1/chat/completions", timeout=60,
+                           json={"model": "gpt2", "messages": [{"role": "user", "content": content}]})
+            assert r.status_code == 400, (content, r.status_code, r.text)
+            error = r.json()["error"]
+            assert error["param"] == "messages" and needle in error["message"], error
+            assert error["message"].startswith("the chat template refused these messages: ")
+        health = httpx.get(s.url + "/health", timeout=10)
+        assert health.status_code == 200
+        assert "Traceback" not in s.log()
+
+
 @pytest.mark.parametrize("content, needles", [
     (None, ["--chat-template", "does not exist"]),
     ("{% for m in messages %}{{ m }", ["--chat-template", "line 1"]),
+    ('{"eos_token": "</s>", "bos_token": "<s>"}', ["--chat-template", "JSON without a chat_template field"]),
 ])
 def test_a_bad_template_file_is_one_line_and_exit_2(small_model_dir, tmp_path, content, needles):
     path = tmp_path / "t.jinja"
@@ -194,3 +232,54 @@ def test_a_bad_template_file_is_one_line_and_exit_2(small_model_dir, tmp_path, c
     proc = subprocess.run(serve_command("--model-dir", str(small_model_dir), "--chat-template", str(path)),
                           capture_output=True, text=True, env=server_env(tmp_path), timeout=60)
     assert_one_line_error(proc, *needles)
+
+
+def test_the_models_own_template_is_used_without_the_flag(small_model_dir, small_pipe, tmp_path):
+    # A tokenizer that comes with a tokenizer_config.json's chat_template and tokens (as Llama 3's and
+    # Qwen's do) renders the conversation with it; --chat-template still wins over it.
+    from starlette.testclient import TestClient
+
+    from inferno.api import Pipeline
+    from inferno.serve import ServeConfig, create_app
+    from inferno.tokenizer import Tokenizer
+
+    config = tmp_path / "tokenizer_config.json"
+    config.write_text(json.dumps({"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>",
+                                  "chat_template": "{{ bos_token }}{% for m in messages %}<{{ m.role }}>"
+                                                   "{{ m.content }}{% endfor %}<assistant>"}))
+    tok = Tokenizer.from_file(small_model_dir / "tokenizer.json", tokenizer_config=config)
+    pipe = Pipeline(small_pipe.model, tok)
+    rendered = "<|endoftext|><system>You answer briefly.<user>What is the capital of France?<assistant>"
+    for flag, prompt in ((None, rendered), ("{{ 'X' }}", "X")):
+        app = create_app(ServeConfig(model_dir=str(small_model_dir), backend="numpy", download=False,
+                                     chat_template=flag), pipeline=pipe)
+        with TestClient(app) as c:
+            r = c.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 1})
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["prompt_tokens"] == len(tok.encode(prompt, allow_special=True)), flag
+
+
+def test_a_model_folder_with_a_tokenizer_config_is_served_with_its_template(small_model_dir, small_pipe,
+                                                                            tmp_path):
+    # inferno.load reads the folder's tokenizer_config.json: the server renders with its chat_template.
+    import shutil
+    import time
+
+    from starlette.testclient import TestClient
+
+    from inferno.serve import ServeConfig, create_app
+
+    folder = tmp_path / "chat-model"
+    shutil.copytree(small_model_dir, folder)
+    template = "{% for m in messages %}#{{ m.content }}{% endfor %}#"
+    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>",
+                                                              "chat_template": template}))
+    app = create_app(ServeConfig(model_dir=str(folder), backend="numpy", download=False))
+    with TestClient(app) as c:
+        deadline = time.monotonic() + 60
+        while c.get("/health").status_code != 200 and time.monotonic() < deadline:  # it loads in a thread
+            time.sleep(0.05)
+        r = c.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 1})
+    assert r.status_code == 200, r.text
+    prompt = "#You answer briefly.#What is the capital of France?#"
+    assert r.json()["usage"]["prompt_tokens"] == len(small_pipe.tokenizer.encode(prompt))

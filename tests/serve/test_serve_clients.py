@@ -19,7 +19,9 @@ PROMPT = "The quick brown fox"
 
 @pytest.fixture(scope="module")
 def server(small_model_dir, tmp_path_factory):
-    with running(small_model_dir, home=tmp_path_factory.mktemp("clients")) as s:
+    # llm's config below names the model gpt2: the name this server serves.
+    flags = ("--served-model-name", "gpt2")
+    with running(small_model_dir, *flags, home=tmp_path_factory.mktemp("clients")) as s:
         yield s
 
 

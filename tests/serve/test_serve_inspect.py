@@ -4,6 +4,8 @@ TestClient), against `Pipeline.inspect` on the same model, and its bad requests 
 from __future__ import annotations
 
 import re
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -88,7 +90,7 @@ def test_bad_requests(client, body, status, param, match):
 
 
 def test_a_response_too_large_is_refused_before_it_runs(client, monkeypatch):
-    import inferno.serve.routes.inspect as route
+    import inferno.serve.serving_inspect as route
 
     monkeypatch.setattr(route, "MAX_INSPECT_WEIGHTS", 1000)
     r = client.post("/v1/inspect", json={"prompt": list(range(20))})  # 2 layers × 4 heads × 400
@@ -96,3 +98,112 @@ def test_a_response_too_large_is_refused_before_it_runs(client, monkeypatch):
     assert "3200 weights, more than the 1000 one response holds: ask for fewer layers or heads" in r.text
     r = client.post("/v1/inspect", json={"prompt": list(range(20)), "layers": [0], "heads": [1, 2]})
     assert r.status_code == 200
+
+
+# ------------------------------------------------------------------- hostile sizes (issue 39, bug 1)
+
+
+@pytest.mark.parametrize(("key", "count"), [("layers", "n_layer"), ("heads", "n_head"),
+                                            ("positions", "n_positions")])
+def test_a_list_longer_than_what_it_indexes_is_refused_first_and_fast(client, small_pipe, key, count):
+    limit = getattr(small_pipe.config, count)
+    start = time.perf_counter()
+    # 300000 zeros (600 KB): refused by its length, before the prompt is even encoded (it is too long too)
+    r = client.post("/v1/inspect", json={"prompt": " a" * 500, key: [0] * 300_000})
+    assert time.perf_counter() - start < 5
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == key
+    assert f"{key} lists 300000 values; the model has {limit}" in err["message"]
+
+
+def test_a_repeat_is_refused_at_the_first_one():
+    from inferno.inspect import InspectionError, subset
+
+    with pytest.raises(InspectionError, match="layers lists layers 3 twice"):
+        subset("layers", [3, 1, 3, 1], 4, "layers")
+    # One pass: a long list with its repeat at the end is answered at once (a quadratic check took
+    # minutes for this; one pass takes under a second, a few on a busy 2-core machine).
+    values = [*range(200_000), 5]
+    start = time.perf_counter()
+    with pytest.raises(InspectionError, match="positions lists positions 5 twice"):
+        subset("positions", values, 300_000, "positions")
+    assert time.perf_counter() - start < 5.0
+    with pytest.raises(InspectionError, match="lists 5 layers, more than the 4 there are"):
+        subset("layers", [0, 1, 2, 3, 0], 4, "layers")
+
+
+def test_repeated_positions_are_400(client):
+    r = client.post("/v1/inspect", json={"prompt": "a b c", "positions": [2, 0, 2]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "positions"
+    assert "positions lists positions 2 twice" in r.json()["error"]["message"]
+
+
+# ------------------------------------------------------------------------- at most N at once (429)
+
+
+def test_inspections_beyond_the_cap_are_429(small_pipe, monkeypatch):
+    import inferno.serve.serving_inspect as serving
+
+    gate, entered = threading.Event(), threading.Semaphore(0)
+    real = serving.inspect_ids
+
+    def held(*args, **kwargs):
+        entered.release()
+        assert gate.wait(30)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(serving, "inspect_ids", held)
+    with TestClient(create_app(ServeConfig(model_id="tiny", max_inspections=2), pipeline=small_pipe)) as c:
+        results: list = []
+
+        def inspect():
+            results.append(c.post("/v1/inspect", json={"prompt": "a"}))
+
+        threads = [threading.Thread(target=inspect) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for _ in threads:
+            assert entered.acquire(timeout=30)
+        r = c.post("/v1/inspect", json={"prompt": "a"})
+        assert r.status_code == 429 and r.headers["retry-after"] == "1"
+        err = r.json()["error"]
+        assert err["type"] == "rate_limit_error" and err["code"] == "too_many_inspections"
+        assert "--max-inspections" in err["message"]
+        assert c.get("/health").status_code == 200  # the rest of the server answers
+        gate.set()
+        for t in threads:
+            t.join(30)
+        assert [x.status_code for x in results] == [200, 200]
+        assert c.post("/v1/inspect", json={"prompt": "a"}).status_code == 200  # places given back
+
+
+def test_health_answers_promptly_while_a_large_inspection_is_built(long_model_dir):
+    """The inspection and its JSON (tens of MB) are built in a worker thread, a row at a time: /health
+    keeps answering meanwhile (it waited for the whole JSON when that was written on the event loop)."""
+    import inferno
+
+    pipe = inferno.load(long_model_dir, "numpy", download=False)
+    n = pipe.config.n_positions
+    with TestClient(create_app(ServeConfig(model_id="long"), pipeline=pipe)) as c:
+        done = threading.Event()
+        out: list = []
+
+        def inspect():
+            body = {"prompt": [1] * n, "heads": [0, 1, 2, 3], "layers": [0], "positions": [0]}
+            out.append(c.post("/v1/inspect", json=body))
+            done.set()
+
+        t = threading.Thread(target=inspect)
+        t.start()
+        latencies = []
+        while not done.is_set():
+            start = time.perf_counter()
+            assert c.get("/health").status_code == 200
+            latencies.append(time.perf_counter() - start)
+            time.sleep(0.02)
+        t.join(60)
+        assert out[0].status_code == 200
+        assert len(out[0].json()["attention"][0]) == 4
+        assert len(latencies) >= 5, latencies  # it ran long enough to be watched
+        assert max(latencies) < 1.0, max(latencies)

@@ -91,6 +91,33 @@ def test_echo_puts_the_prompt_before_the_completion(client, small_pipe):
     assert r.json()["choices"][0]["text"] == "Hello" + expected.text
 
 
+def test_an_echo_is_scored_by_the_engine_and_streams_as_it_collects(client, small_pipe, monkeypatch):
+    # No second batch-1 path: Pipeline.score is never called; the prompt's tokens are prefilled (and scored)
+    # by the engine, once for the two choices of the prompt.
+    def no_score(*args, **kwargs):
+        raise AssertionError("an echo must not score the prompt outside the engine")
+
+    monkeypatch.setattr(small_pipe, "score", no_score)
+    engine = client.app.state.inferno.engine
+    body = {"prompt": "The cat sat on the", "max_tokens": 2, "n": 2, "seed": 3, "echo": True, "logprobs": 2}
+    before = engine.stats.prompt_tokens
+    whole = client.post("/v1/completions", json=body).json()
+    n_prompt = whole["usage"]["prompt_tokens"]
+    assert engine.stats.prompt_tokens - before == n_prompt
+    chunks = [e for e in _events(client, "/v1/completions", {**body, "stream": True}) if e != "[DONE]"]
+    for choice in whole["choices"]:
+        mine = [c["choices"][0] for c in chunks if c["choices"][0]["index"] == choice["index"]]
+        assert mine[0]["text"] == "The cat sat on the"  # the echo first, with the prompt's logprobs
+        assert "".join(c["text"] for c in mine) == choice["text"]
+        lps = [c["logprobs"] for c in mine if c["logprobs"] is not None]
+        assert [t for lp in lps for t in lp["token_logprobs"]] == choice["logprobs"]["token_logprobs"]
+        assert choice["logprobs"]["token_logprobs"][0] is None
+        assert len(choice["logprobs"]["tokens"]) == n_prompt + 2
+        assert all(isinstance(v, float) for v in choice["logprobs"]["token_logprobs"][1:])
+    assert whole["choices"][0]["logprobs"]["token_logprobs"][:n_prompt] == \
+        whole["choices"][1]["logprobs"]["token_logprobs"][:n_prompt]
+
+
 def test_completion_errors(client, small_pipe):
     n = small_pipe.config.n_positions
     r = client.post("/v1/completions", json={"prompt": [1] * (n + 1), "max_tokens": 1})
@@ -157,7 +184,7 @@ def test_the_model_card(client, small_pipe):
     (card,) = r.json()["data"]
     assert r.json()["object"] == "list"
     assert card == {"id": MODEL, "object": "model", "created": card["created"], "owned_by": "inferno",
-                    "max_model_len": small_pipe.config.n_positions}
+                    "max_model_len": small_pipe.config.n_positions, "family": "gpt2", "architecture": "gpt2"}
     assert isinstance(card["created"], int) and card["created"] > 1_700_000_000
 
 
@@ -196,6 +223,21 @@ def test_tokenize(client, small_pipe):
            "content")
 
 
+def test_tokenize_adds_the_special_tokens_when_asked(client, small_pipe, monkeypatch):
+    # GPT-2 has no BOS: give its tokenizer one, as a Llama tokenizer has, to see the field honoured.
+    monkeypatch.setattr(small_pipe.tokenizer, "prefix_ids", (50256,))
+    ids = small_pipe.tokenizer.encode("Hello", True)
+    for body in ({}, {"add_special_tokens": False}, {"add_special": False}):
+        assert client.post("/tokenize", json={"content": "Hello", **body}).json()["tokens"] == ids
+    both = {"add_special": True, "add_special_tokens": True}
+    for body in ({"add_special_tokens": True}, {"add_special": True}, both):
+        assert client.post("/tokenize", json={"content": "Hello", **body}).json()["tokens"] == [50256, *ids]
+    clash = {"content": "Hello", "add_special_tokens": True, "add_special": False}
+    _error(client.post("/tokenize", json=clash), 400,
+           "add_special_tokens and add_special are the same field: send one, or the same value in both",
+           "add_special")
+
+
 def test_detokenize(client, small_pipe):
     ids = small_pipe.tokenizer.encode("Hello world", True)
     assert client.post("/detokenize", json={"tokens": ids}).json() == {"content": "Hello world",
@@ -217,7 +259,7 @@ def test_tokenizer_info(client, small_pipe):
 
 
 def _texts(small_pipe, ids):
-    from inferno.serve.completions import TokenTexts
+    from inferno.serve.token_texts import TokenTexts
 
     texts = TokenTexts(small_pipe.tokenizer)
     return [texts[i] for i in ids]
@@ -281,7 +323,7 @@ def test_inspect_takes_id_0_a_whole_context_and_the_end_of_text_in_text(client, 
 
 
 def test_inspect_refuses_more_weights_than_one_response_holds(client, small_pipe, monkeypatch):
-    from inferno.serve.routes import inspect as route
+    from inferno.serve import serving_inspect as route
 
     c = small_pipe.config
     text = "Hello world, once more"
@@ -327,7 +369,8 @@ def test_while_shutting_down_the_info_and_tokenizer_routes_still_answer(client):
 
 
 def test_bodies_are_read_as_strict_json(client):
-    r = client.post("/v1/completions", content=b'{"prompt": "a", "temperature": NaN}')
+    r = client.post("/v1/completions", content=b'{"prompt": "a", "temperature": NaN}',
+                    headers={"content-type": "application/json"})
     _error(r, 400, "invalid JSON in the request body: NaN is not valid JSON (numbers must be finite)", None)
 
 
@@ -371,6 +414,20 @@ def test_a_chat_without_max_tokens_may_run_to_the_end_of_the_context(client, sma
     usage = r.json()["usage"]
     assert usage["prompt_tokens"] == prompt
     assert usage["completion_tokens"] == small_pipe.config.n_positions - prompt
+
+
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+def test_a_chat_max_tokens_beyond_the_context_is_refused(client, small_pipe, field):
+    prompt = len(small_pipe.encode("user: Hi there\nassistant:"))
+    n = small_pipe.config.n_positions
+    _error(client.post("/v1/chat/completions", json={"messages": MESSAGES, field: 5000}), 400,
+           f"This model's maximum context length is {n} tokens. However, you requested {prompt + 5000} "
+           f"tokens ({prompt} in messages, 5000 in {field}). Please reduce the length of messages or "
+           f"{field}.",
+           field, "context_length_exceeded")
+    body = {"messages": MESSAGES, field: n - prompt, "ignore_eos": True}
+    r = client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == n - prompt
 
 
 def test_chat_logprobs_and_metrics(client, small_pipe):

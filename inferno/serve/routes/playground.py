@@ -18,11 +18,10 @@ STATIC_DIR = Path(__file__).parent.parent / "static"
 router = new_router()
 
 
+@router.get("/", include_in_schema=False)
 async def playground() -> FileResponse:
     """The playground page (no API key needed; it asks for one when the API answers 401)."""
     return FileResponse(STATIC_DIR / "index.html", headers={"Cache-Control": "no-cache"})
-
-router.add_api_route("/", playground, methods=["GET"], include_in_schema=False)
 
 
 def mount_static(app: FastAPI) -> None:

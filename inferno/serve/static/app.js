@@ -1,6 +1,7 @@
 // inferno playground: streams POST /v1/completions (fetch + ReadableStream; EventSource cannot POST),
 // one focusable span per token shaded by its probability, the top 5 alternatives on hover or focus.
-// Token ids come from the server's `return_token_ids` extension (see inferno/serve/completions.py).
+// Token ids come from the server's `return_token_ids` extension (see inferno/serve/completions.py), and
+// with a constraint (sent as `structured_outputs`) which tokens it forced (`logprobs.forced`).
 // "Look inside" (a mode, or a click on a token) draws POST /v1/inspect: attention heatmaps and the logit lens.
 "use strict";
 
@@ -9,8 +10,15 @@
   const TOP_N = 5;
   // Where an error's `param` is shown: the control of that name, else beside the button.
   const CONTROLS = ["prompt", "max_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "seed",
-                    "stop", "api_key"];
-  const ALIASES = { stop_token_ids: "stop", logit_bias: null, n: null };
+                    "stop", "constraint_kind", "constraint", "api_key"];
+  const ALIASES = { stop_token_ids: "stop", logit_bias: null, n: null, structured_outputs: "constraint" };
+  // The constraint's kinds: the `structured_outputs` field each is sent as, and how its box reads.
+  const CONSTRAINTS = {
+    json: { label: "JSON Schema", hint: "The output is JSON that validates against this schema.",
+            example: '{"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}' },
+    regex: { label: "Regular expression", hint: "The whole output matches it.", example: "[0-9]{3}-[a-z]{2}" },
+    choice: { label: "Choices", hint: "One per line: the output is exactly one of them.", example: "yes\nno" },
+  };
 
   let controller = null; // the AbortController of the request in flight
   let lastRun = null;    // {mode, prompt} of the text in the output, for opening its tokens in "Look inside"
@@ -90,6 +98,35 @@
     return $("stop").value.split("\n").filter((s) => s !== "").map(unescape);
   }
 
+  // The `structured_outputs` of the request (null: none), from the constraint's kind and box.
+  function constraintValue() {
+    const kind = $("constraint_kind").value;
+    if (kind === "none") return null;
+    const text = $("constraint").value;
+    if (kind === "json") {
+      try {
+        return { json: JSON.parse(text) };
+      } catch (error) {
+        throw { param: "constraint", message: `this is not JSON (${error.message})` };
+      }
+    }
+    if (kind === "choice") {
+      const choices = text.split("\n").filter((c) => c !== "");
+      if (!choices.length) throw { param: "constraint", message: "give at least one choice, one per line" };
+      return { choice: choices };
+    }
+    return { regex: text };
+  }
+
+  function setConstraintKind() {
+    const kind = CONSTRAINTS[$("constraint_kind").value];
+    $("constraint-field").hidden = !kind;
+    if (!kind) return;
+    $("constraint-label").textContent = kind.label;
+    $("constraint-hint").textContent = kind.hint;
+    $("constraint").placeholder = kind.example;
+  }
+
   function headers() {
     const h = { "Content-Type": "application/json" };
     const key = $("api_key").value.trim();
@@ -131,9 +168,10 @@
       text: lp.tokens[k], logprob,
       id: lp.token_ids ? lp.token_ids[k] : null,
       top: topList(lp, k),
+      forced: Boolean(lp.forced && lp.forced[k]),
     };
     const span = document.createElement("span");
-    span.className = "tok" + (extraClass ? " " + extraClass : "");
+    span.className = "tok" + (extraClass ? " " + extraClass : "") + (token.forced ? " forced" : "");
     span.tabIndex = 0;
     span.dataset.index = String(tokens.length);
     if (token.id !== null) span.dataset.id = String(token.id);
@@ -193,6 +231,12 @@
       table.appendChild(row);
     });
     tip.appendChild(head);
+    if (token.forced) {
+      const note = document.createElement("p");
+      note.className = "forced-note";
+      note.textContent = "Forced by the constraint: the only token it allowed here.";
+      tip.appendChild(note);
+    }
     tip.appendChild(table);
   }
 
@@ -244,6 +288,8 @@
         numberValue("seed", body, { int: true });
         const stop = stopStrings();
         if (stop.length) body.stop = stop;
+        const constraint = constraintValue();
+        if (constraint) body.structured_outputs = constraint;
         body.stream = true;
       }
     } catch (error) {
@@ -629,6 +675,7 @@
     $("stop-button").addEventListener("click", () => { if (controller) controller.abort(); });
     $("show-ids").addEventListener("change", (e) => $("output").classList.toggle("show-ids", e.target.checked));
     for (const radio of document.querySelectorAll("input[name=mode]")) radio.addEventListener("change", setMode);
+    $("constraint_kind").addEventListener("change", setConstraintKind);
     document.addEventListener("keydown", (e) => {
       if ((e.ctrlKey || e.metaKey) && e.key === "Enter") { e.preventDefault(); run(); }
       else if (e.key === "Escape") {
@@ -672,6 +719,7 @@
       });
     }
     setMode();
+    setConstraintKind();
     loadModelName();
   });
 })();

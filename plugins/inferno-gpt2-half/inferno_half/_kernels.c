@@ -962,14 +962,17 @@ static void attend_portable(const float *qi, const float *kh, const float *vh, i
     for (int64_t c = 0; c < d; c++) o[c] /= sum;
 }
 
-/* Causal attention of b sequences with h heads of size d: the caches k and v are [b, h, l, d]; the t
+/* Causal attention of b sequences with h query heads of size d over hkv key/value heads (h a multiple of
+   hkv: grouped-query attention, query head `head` reads key/value head head / (h / hkv); hkv = h is plain
+   multi-head attention): the caches k and v are [b, hkv, l, d]; the t
    queries of each sequence sit at positions offset .. offset + t - 1 and query i attends keys
    0 .. offset + i. Query (s, head, i) is read at q + s * q_s + head * q_h + i * q_t and its result
    written at out + s * o_s + head * o_h + i * o_t (strides in floats), so that the caller's layout,
    [b, h, t, d] or a fused [b, t, 3, h, d], needs no copy. */
-static void attend_all(int64_t b, int64_t h, int64_t t, int64_t d, const float *q, int64_t q_s, int64_t q_h,
-                       int64_t q_t, const float *k, const float *v, int64_t l, int64_t offset, float *out,
-                       int64_t o_s, int64_t o_h, int64_t o_t, int threads) {
+static void attend_all(int64_t b, int64_t h, int64_t hkv, int64_t t, int64_t d, const float *q, int64_t q_s,
+                       int64_t q_h, int64_t q_t, const float *k, const float *v, int64_t l, int64_t offset,
+                       float *out, int64_t o_s, int64_t o_h, int64_t o_t, int threads) {
+    int64_t group = h / hkv;
     float scale = 1.0f / sqrtf((float)d);
     int simd = HAVE_X86 && d % 8 == 0 && simd_path();
     float *heap = NULL;
@@ -987,7 +990,8 @@ static void attend_all(int64_t b, int64_t h, int64_t t, int64_t d, const float *
     for (int64_t n = 0; n < b * h * t; n++) {
         int64_t seq = n / (h * t), head = n / t % h, i = n % t, keys = offset + i + 1;
         const float *qi = q + seq * q_s + head * q_h + i * q_t;
-        const float *kh = k + (seq * h + head) * l * d, *vh = v + (seq * h + head) * l * d;
+        int64_t kvh = seq * hkv + head / group;
+        const float *kh = k + kvh * l * d, *vh = v + kvh * l * d;
         float *o = out + seq * o_s + head * o_h + i * o_t;
 #if HAVE_X86
         if (simd) {
@@ -1166,7 +1170,7 @@ static int qkv_attention(const float *qkv, int64_t b, int64_t t, int64_t h, int6
     if (t > BLOCKED_QUERIES && d % 16 == 0 && simd_path() == PATH_AVX512
         && !attend_blocked(b, h, t, d, qkv, t * 3 * c, d, 3 * c, k, v, l, offset, out, t * c, d, c, threads))
         return 0;
-    attend_all(b, h, t, d, qkv, t * 3 * c, d, 3 * c, k, v, l, offset, out, t * c, d, c, threads);
+    attend_all(b, h, h, t, d, qkv, t * 3 * c, d, 3 * c, k, v, l, offset, out, t * c, d, c, threads);
     return 0;
 }
 
@@ -1220,6 +1224,184 @@ static int ragged_attention(const float *qkv, int64_t n, int64_t h, int64_t d, i
     }
     free(row_of);
     return 0;
+}
+
+/* ---------------------------------------------- the Llama family's elementwise kernels, in C
+   RMS norm, the rotary position embedding and the gated MLP's silu(gate) * up: at one token a step
+   NumPy's passes over a few hundred values (each a call and a temporary) cost more than the work. Same
+   paths as the products, by simd_path(): AVX-512, AVX2 + FMA, portable C. Every path computes the same
+   float32 formula (the RMS norm's sum of squares in double, as the layer norm's), so they agree to a
+   rounding or two. */
+
+/* The rows of an array whose last axis (c values) is contiguous and whose other axes have any strides
+   (in floats): nd leading axes, rows = the product of their sizes. */
+typedef struct { const float *base; int nd; int64_t shape[8]; int64_t stride[8]; } RowView;
+
+static const float *row_at(const RowView *v, int64_t r) {
+    int64_t at = 0;
+    for (int i = v->nd - 1; i >= 0; i--) {
+        at += (r % v->shape[i]) * v->stride[i];
+        r /= v->shape[i];
+    }
+    return v->base + at;
+}
+
+/* The sum of squares of x [c] in double, and the row times inv * gamma into o: one RMS-norm row. */
+static void rms_row_portable(const float *x, int64_t c, const float *gamma, double eps, float *o) {
+    double sq = 0.0;
+    for (int64_t i = 0; i < c; i++) sq += (double)x[i] * x[i];
+    float inv = (float)(1.0 / sqrt(sq / (double)c + eps));
+    for (int64_t i = 0; i < c; i++) o[i] = x[i] * inv * gamma[i];
+}
+
+static void silu_mul_portable(const float *g, const float *u, int64_t n, float *o) {
+    for (int64_t i = 0; i < n; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+/* One rotary row: x [2 * half] at one position, its angles' cos and sin [half], into o. */
+static void rotary_row_portable(const float *x, int64_t half, const float *cs, const float *sn, float *o) {
+    for (int64_t j = 0; j < half; j++) {
+        float x1 = x[j], x2 = x[half + j];
+        o[j] = x1 * cs[j] - x2 * sn[j];
+        o[half + j] = x2 * cs[j] + x1 * sn[j];
+    }
+}
+
+#if HAVE_X86
+X86 static void rms_row_avx2(const float *x, int64_t c, const float *gamma, double eps, float *o) {
+    __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd();
+    int64_t i = 0;
+    for (; i + 8 <= c; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(v)), hi = _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));
+        s0 = _mm256_fmadd_pd(lo, lo, s0);
+        s1 = _mm256_fmadd_pd(hi, hi, s1);
+    }
+    double part[4], sq = 0.0;
+    _mm256_storeu_pd(part, _mm256_add_pd(s0, s1));
+    sq = part[0] + part[1] + part[2] + part[3];
+    for (int64_t j = i; j < c; j++) sq += (double)x[j] * x[j];
+    float inv = (float)(1.0 / sqrt(sq / (double)c + eps));
+    __m256 vi = _mm256_set1_ps(inv);
+    for (i = 0; i + 8 <= c; i += 8)
+        _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), vi), _mm256_loadu_ps(gamma + i)));
+    for (; i < c; i++) o[i] = x[i] * inv * gamma[i];
+}
+
+/* g / (1 + e^-g) * u, 8 at a time (exp8 clamps its argument: a large |g| saturates, no inf or NaN). */
+X86 static void silu_mul_avx2(const float *g, const float *u, int64_t n, float *o) {
+    int64_t i = 0;
+    __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8) {
+        __m256 gv = _mm256_loadu_ps(g + i);
+        __m256 s = _mm256_div_ps(gv, _mm256_add_ps(one, exp8(_mm256_sub_ps(zero, gv))));
+        _mm256_storeu_ps(o + i, _mm256_mul_ps(s, _mm256_loadu_ps(u + i)));
+    }
+    silu_mul_portable(g + i, u + i, n - i, o + i);
+}
+
+X86 static void rotary_row_avx2(const float *x, int64_t half, const float *cs, const float *sn, float *o) {
+    int64_t j = 0;
+    for (; j + 8 <= half; j += 8) {
+        __m256 x1 = _mm256_loadu_ps(x + j), x2 = _mm256_loadu_ps(x + half + j);
+        __m256 c = _mm256_loadu_ps(cs + j), s = _mm256_loadu_ps(sn + j);
+        _mm256_storeu_ps(o + j, _mm256_sub_ps(_mm256_mul_ps(x1, c), _mm256_mul_ps(x2, s)));
+        _mm256_storeu_ps(o + half + j, _mm256_add_ps(_mm256_mul_ps(x2, c), _mm256_mul_ps(x1, s)));
+    }
+    for (; j < half; j++) {
+        float x1 = x[j], x2 = x[half + j];
+        o[j] = x1 * cs[j] - x2 * sn[j];
+        o[half + j] = x2 * cs[j] + x1 * sn[j];
+    }
+}
+
+X512 static void rms_row_avx512(const float *x, int64_t c, const float *gamma, double eps, float *o) {
+    __m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd();
+    int64_t i = 0;
+    for (; i + 16 <= c; i += 16) {
+        __m512 v = _mm512_loadu_ps(x + i);
+        __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
+        __m512d hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+        s0 = _mm512_fmadd_pd(lo, lo, s0);
+        s1 = _mm512_fmadd_pd(hi, hi, s1);
+    }
+    double sq = _mm512_reduce_add_pd(_mm512_add_pd(s0, s1));
+    for (int64_t j = i; j < c; j++) sq += (double)x[j] * x[j];
+    float inv = (float)(1.0 / sqrt(sq / (double)c + eps));
+    __m512 vi = _mm512_set1_ps(inv);
+    for (i = 0; i + 16 <= c; i += 16)
+        _mm512_storeu_ps(o + i, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i), vi), _mm512_loadu_ps(gamma + i)));
+    for (; i < c; i++) o[i] = x[i] * inv * gamma[i];
+}
+
+X512 static void silu_mul_avx512(const float *g, const float *u, int64_t n, float *o) {
+    int64_t i = 0;
+    __m512 one = _mm512_set1_ps(1.0f), zero = _mm512_setzero_ps();
+    for (; i + 16 <= n; i += 16) {
+        __m512 gv = _mm512_loadu_ps(g + i);
+        __m512 s = _mm512_div_ps(gv, _mm512_add_ps(one, exp16(_mm512_sub_ps(zero, gv))));
+        _mm512_storeu_ps(o + i, _mm512_mul_ps(s, _mm512_loadu_ps(u + i)));
+    }
+    silu_mul_portable(g + i, u + i, n - i, o + i);
+}
+
+X512 static void rotary_row_avx512(const float *x, int64_t half, const float *cs, const float *sn, float *o) {
+    int64_t j = 0;
+    for (; j + 16 <= half; j += 16) {
+        __m512 x1 = _mm512_loadu_ps(x + j), x2 = _mm512_loadu_ps(x + half + j);
+        __m512 c = _mm512_loadu_ps(cs + j), s = _mm512_loadu_ps(sn + j);
+        _mm512_storeu_ps(o + j, _mm512_sub_ps(_mm512_mul_ps(x1, c), _mm512_mul_ps(x2, s)));
+        _mm512_storeu_ps(o + half + j, _mm512_add_ps(_mm512_mul_ps(x2, c), _mm512_mul_ps(x1, s)));
+    }
+    for (; j < half; j++) {
+        float x1 = x[j], x2 = x[half + j];
+        o[j] = x1 * cs[j] - x2 * sn[j];
+        o[half + j] = x2 * cs[j] + x1 * sn[j];
+    }
+}
+#endif
+
+/* RMS norm over the last axis (c values) of every row of x, into out [rows, c] (contiguous). */
+static void rms_norm_rows(const RowView *x, int64_t rows, int64_t c, const float *gamma, double eps, float *out) {
+    int simd = simd_path();
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = row_at(x, r);
+        float *o = out + r * c;
+#if HAVE_X86
+        if (simd == PATH_AVX512) { rms_row_avx512(xr, c, gamma, eps, o); continue; }
+        if (simd == PATH_AVX2) { rms_row_avx2(xr, c, gamma, eps, o); continue; }
+#endif
+        (void)simd;
+        rms_row_portable(xr, c, gamma, eps, o);
+    }
+}
+
+/* silu(g) * u of n values (contiguous), into o. */
+static void silu_mul_all(const float *g, const float *u, int64_t n, float *o) {
+    int simd = simd_path();
+#if HAVE_X86
+    if (simd == PATH_AVX512) { silu_mul_avx512(g, u, n, o); return; }
+    if (simd == PATH_AVX2) { silu_mul_avx2(g, u, n, o); return; }
+#endif
+    (void)simd;
+    silu_mul_portable(g, u, n, o);
+}
+
+/* The rotary embedding of every row of x [..., t, 2 * half] (row r at position r % t of cos and sin
+   [t, half]), into out (contiguous, x's shape). */
+static void rotary_rows(const RowView *x, int64_t rows, int64_t t, int64_t half, const float *cs, const float *sn,
+                        float *out) {
+    int simd = simd_path();
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = row_at(x, r), *c = cs + (r % t) * half, *s = sn + (r % t) * half;
+        float *o = out + r * 2 * half;
+#if HAVE_X86
+        if (simd == PATH_AVX512) { rotary_row_avx512(xr, half, c, s, o); continue; }
+        if (simd == PATH_AVX2) { rotary_row_avx2(xr, half, c, s, o); continue; }
+#endif
+        (void)simd;
+        rotary_row_portable(xr, half, c, s, o);
+    }
 }
 
 /* ------------------------------------------------------------ the Python functions (buffer protocol)
@@ -1405,7 +1587,8 @@ static int caches_fit(Py_buffer *k, Py_buffer *v, int64_t b, int64_t hd, int64_t
 }
 
 /* attention(q, k, v, offset, out, threads): causal attention of the queries q [b, h, t, d] at positions
-   offset .. offset + t - 1 over the caches k, v [b, h, l, d], into out [b, h, t, d]. */
+   offset .. offset + t - 1 over the caches k, v [b, hkv, l, d], into out [b, h, t, d]; h a multiple of
+   hkv (grouped-query attention when hkv < h: query head j reads key/value head j / (h / hkv)). */
 static PyObject *py_attention(PyObject *self, PyObject *const *a, Py_ssize_t na) {
     (void)self;
     Held h = {.n = 0};
@@ -1415,11 +1598,14 @@ static PyObject *py_attention(PyObject *self, PyObject *const *a, Py_ssize_t na)
     if (!q) NOT_TAKEN;
     int64_t b = q->shape[0], hd = q->shape[1], t = q->shape[2], d = q->shape[3];
     Py_buffer *k = take(&h, a[1], 'f', 4, 0), *v = take(&h, a[2], 'f', 4, 0), *out = take(&h, a[4], 'f', 4, 1);
-    if (!caches_fit(k, v, b, hd, d, offset, t) || !out || !same_shape(out, q) || d < 1 || t < 1) NOT_TAKEN;
+    int64_t hkv = k ? k->shape[1] : 0;
+    if (hkv < 1 || hd % hkv || !caches_fit(k, v, b, hkv, d, offset, t) || !out || !same_shape(out, q) || d < 1
+        || t < 1)
+        NOT_TAKEN;
     int64_t l = k->shape[2];
     Py_BEGIN_ALLOW_THREADS
-    attend_all(b, hd, t, d, q->buf, hd * t * d, t * d, d, k->buf, v->buf, l, offset, out->buf, hd * t * d, t * d, d,
-               (int)threads);
+    attend_all(b, hd, hkv, t, d, q->buf, hd * t * d, t * d, d, k->buf, v->buf, l, offset, out->buf, hd * t * d,
+               t * d, d, (int)threads);
     Py_END_ALLOW_THREADS
     release(&h);
     Py_RETURN_TRUE;
@@ -1579,6 +1765,96 @@ static PyObject *py_ragged_self_attention(PyObject *self, PyObject *const *a, Py
     Py_RETURN_TRUE;
 }
 
+/* The buffer of `o` as rows (see RowView): float32, native byte order, 1 to 9 dimensions, the last one
+   contiguous, any strides elsewhere (a NumPy view such as a transpose of heads). NULL if it is not that. */
+static Py_buffer *take_rows(Held *h, PyObject *o, RowView *rv) {
+    if (h->n == MAX_HELD) return NULL;
+    Py_buffer *v = &h->v[h->n];
+    if (PyObject_GetBuffer(o, v, PyBUF_STRIDES | PyBUF_FORMAT) < 0) {
+        PyErr_Clear();
+        return NULL;
+    }
+    h->n++;
+    const char *f = v->format ? v->format : "B";
+    if (f[0] == '@' || f[0] == '=') f++;
+    if (f[0] != 'f' || f[1] != '\0' || v->itemsize != 4 || v->ndim < 1 || v->ndim > 9) return NULL;
+    int last = v->ndim - 1;
+    if (v->shape[last] > 1 && v->strides[last] != 4) return NULL;
+    rv->base = v->buf;
+    rv->nd = last;
+    for (int i = 0; i < last; i++) {
+        if (v->strides[i] % 4) return NULL;
+        rv->shape[i] = v->shape[i];
+        rv->stride[i] = v->strides[i] / 4;
+    }
+    return v;
+}
+
+/* The number of rows of an array of shape `shape` (ndim axes, the last one the row). */
+static int64_t rows_of(const Py_buffer *v) {
+    int64_t rows = 1;
+    for (int i = 0; i < v->ndim - 1; i++) rows *= v->shape[i];
+    return rows;
+}
+
+/* rms_norm(x, gamma, eps, out): x / sqrt(mean(x^2) + eps) * gamma over the last axis of x (any shape; the
+   last axis contiguous, others any strides), into out (contiguous, x's shape). */
+static PyObject *py_rms_norm(PyObject *self, PyObject *const *a, Py_ssize_t na) {
+    (void)self;
+    Held h = {.n = 0};
+    if (!check_nargs(na, 4, "rms_norm")) return NULL;
+    double eps = PyFloat_AsDouble(a[2]);
+    if (eps == -1.0 && PyErr_Occurred()) return NULL;
+    RowView rv;
+    const float *gamma;
+    Py_buffer *x = take_rows(&h, a[0], &rv);
+    if (!x) NOT_TAKEN;
+    int64_t c = x->shape[x->ndim - 1], rows = rows_of(x);
+    Py_buffer *out = take(&h, a[3], 'f', -1, 1);
+    if (!out || c < 1 || !same_shape(out, x) || !take_vector(&h, a[1], c, &gamma) || !gamma) NOT_TAKEN;
+    Py_BEGIN_ALLOW_THREADS
+    rms_norm_rows(&rv, rows, c, gamma, eps, out->buf);
+    Py_END_ALLOW_THREADS
+    release(&h);
+    Py_RETURN_TRUE;
+}
+
+/* silu_mul(gate, up, out): gate / (1 + exp(-gate)) * up elementwise; all three contiguous, one shape. */
+static PyObject *py_silu_mul(PyObject *self, PyObject *const *a, Py_ssize_t na) {
+    (void)self;
+    Held h = {.n = 0};
+    if (!check_nargs(na, 3, "silu_mul")) return NULL;
+    Py_buffer *g = take(&h, a[0], 'f', -1, 0), *u = take(&h, a[1], 'f', -1, 0), *out = take(&h, a[2], 'f', -1, 1);
+    if (!g || !u || !out || !same_shape(g, u) || !same_shape(out, g)) NOT_TAKEN;
+    Py_BEGIN_ALLOW_THREADS
+    silu_mul_all(g->buf, u->buf, g->len / 4, out->buf);
+    Py_END_ALLOW_THREADS
+    release(&h);
+    Py_RETURN_TRUE;
+}
+
+/* rotary(x, cos, sin, out): x [..., t, d] (the last axis contiguous, others any strides) rotated by the
+   angles of each of its t positions, cos and sin [t, d / 2] (contiguous): [x1 cos - x2 sin, x2 cos + x1 sin]
+   of its halves x1, x2, into out (contiguous, x's shape). */
+static PyObject *py_rotary(PyObject *self, PyObject *const *a, Py_ssize_t na) {
+    (void)self;
+    Held h = {.n = 0};
+    if (!check_nargs(na, 4, "rotary")) return NULL;
+    RowView rv;
+    Py_buffer *x = take_rows(&h, a[0], &rv);
+    if (!x || x->ndim < 2) NOT_TAKEN;
+    int64_t d = x->shape[x->ndim - 1], t = x->shape[x->ndim - 2], rows = rows_of(x);
+    Py_buffer *cs = take(&h, a[1], 'f', 2, 0), *sn = take(&h, a[2], 'f', 2, 0), *out = take(&h, a[3], 'f', -1, 1);
+    if (!cs || !sn || !out || d % 2 || d < 2 || t < 1 || !same_shape(out, x) || !same_shape(cs, sn)
+        || cs->shape[0] != t || cs->shape[1] != d / 2)
+        NOT_TAKEN;
+    Py_BEGIN_ALLOW_THREADS
+    rotary_rows(&rv, rows, t, d / 2, cs->buf, sn->buf, out->buf);
+    Py_END_ALLOW_THREADS
+    release(&h);
+    Py_RETURN_TRUE;
+}
+
 static PyObject *py_simd(PyObject *self, PyObject *unused) {
     (void)self; (void)unused;
     return PyLong_FromLong(simd_path());
@@ -1612,12 +1888,16 @@ static PyMethodDef functions[] = {
     FAST(unpack, "unpack(w, n, j0, j1, k, out, fmt, threads) -> bool: rows j0..j1-1 of w as float32."),
     FAST(unpack_t, "unpack_t(w, n, p0, p1, k, out, fmt, threads) -> bool: panels p0..p1-1 as float32 [k, cols]."),
     FAST(layernorm, "layernorm(x, gamma, beta, eps, out) -> bool: layer norm over the last axis."),
-    FAST(attention, "attention(q, k, v, offset, out, threads) -> bool: causal attention over KV caches."),
+    FAST(attention, "attention(q, k, v, offset, out, threads) -> bool: causal attention over KV caches "
+                    "(grouped-query when k, v have fewer heads than q)."),
     FAST(self_attention, "self_attention(x, w_attn, b_attn, w_proj, b_proj, k, v, offset, n_head, fmt, "
                          "threads, out) -> bool: a decode step's attention block."),
     FAST(ragged_self_attention, "ragged_self_attention(x, w_attn, b_attn, w_proj, b_proj, slot_kv, rows, "
                                 "n_head, fmt, threads, out) -> bool: a ragged step's attention block."),
     FAST(mlp, "mlp(x, w_fc, f, b_fc, w_proj, b_proj, fmt, threads, out) -> bool: a decode step's MLP."),
+    FAST(rms_norm, "rms_norm(x, gamma, eps, out) -> bool: RMS norm over the last axis."),
+    FAST(silu_mul, "silu_mul(gate, up, out) -> bool: silu(gate) * up, elementwise."),
+    FAST(rotary, "rotary(x, cos, sin, out) -> bool: the rotary position embedding of x [..., t, d]."),
     {"simd", py_simd, METH_NOARGS, "simd() -> 2 on the AVX-512 path, 1 on AVX2 + FMA + F16C, 0 on portable C."},
     {"force_portable", py_force_portable, METH_O,
      "force_portable(flag) -> simd(): with flag true, every later call takes the portable C path."},

@@ -28,6 +28,10 @@ What runs in C (`_kernels.c`), and why:
   layer norms; the attention block in one call per layer (the fused c_attn product, the cache writes,
   the attention, c_proj), over all the rows of a ragged engine step at once; the MLP with its GELU
   inside the first product; the embedding gather. Long prompts attend in tiles of 12 queries (AVX-512).
+* The Llama family's small kernels, on the same SIMD paths: RMS norm (reading the heads' view of Qwen3's
+  q/k norm through its strides), the rotary embedding (likewise, writing the heads contiguous), the gated
+  MLP's silu(gate) * up, and grouped-query attention in the attention kernel, each query head reading its
+  group's key/value head in place. The Llama family's projections and embedding are packed like GPT-2's.
 
 Each C function takes the NumPy arrays themselves through the buffer protocol (cheaper than ctypes per
 array), releases the GIL, and declines (returns False, computing nothing) an array it does not take
@@ -40,20 +44,23 @@ figures are in docs/benchmarks-half.md.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import numpy as np
 from inferno.backends.hookspecs import hookimpl
 from inferno.backends.numpy_backend import NumpyBackend
+from inferno.cpu import MAX_THREADS, blas_threads, resolve_threads
 
-#: The Hub's Conv1D weights (stored [in, out]) and the [V, C] embedding/head: the matrices kept in 16 or 8
-#: bits.
-MATRICES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight",
-            "wte.weight", "lm_head.weight")
+#: The matrices kept in 16 or 8 bits: the linear weights, handed over [in, out] (GPT-2's Conv1D layout;
+#: the Llama family's nn.Linear weights transposed by the loader), by the ends of their Hub names ...
+LINEAR = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight",
+          "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+          "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight")
+#: ... and the [V, C] embeddings and LM heads, by their whole names.
+EMBEDDINGS = ("wte.weight", "lm_head.weight", "model.embed_tokens.weight")
+MATRICES = LINEAR + EMBEDDINGS
 #: The formats, by option value: the kernel's format code. int8: symmetric, one float32 scale per output
 #: (row of the [out, in] matrix), max |w| / 127; see `quantize`.
 FORMATS = {"float16": 0, "bfloat16": 1, "int8": 2}
@@ -68,8 +75,6 @@ SMALL_M = 64
 RAGGED_TOKENS = 256
 #: Float32 bytes converted at a time when packing, and unpacked per BLAS call on the fallback path.
 UNPACK_BYTES = 8 << 20
-#: The most threads one may ask for (as for cpu-threaded).
-MAX_THREADS = 1024
 
 
 def _load_kernels() -> Any:
@@ -82,17 +87,6 @@ def _load_kernels() -> Any:
 
 
 _KERNELS = _load_kernels()
-
-
-def _blas_controller() -> Any:
-    """threadpoolctl's handle on NumPy's BLAS (to run tiny matmuls on one thread), or None."""
-    from threadpoolctl import ThreadpoolController
-
-    found = ThreadpoolController().select(user_api="blas").lib_controllers
-    return found[0] if len(found) == 1 and _KERNELS is not None else None
-
-
-_BLAS = _blas_controller()
 
 
 def to_bits(a: np.ndarray, fmt: str) -> np.ndarray:
@@ -259,8 +253,8 @@ class HalfBackend(NumpyBackend):
         """`dtype`: how the weights are stored, "float16" (default: 11 significant bits), "bfloat16"
         (8 bits, float32's range; what a BF16 checkpoint holds exactly) or "int8" (quantized at load:
         8-bit integers and one float32 scale per output; half the bytes again). `threads`: threads of the
-        compiled kernel, None or "auto" for the usable cores. Bad values raise ValueError naming the
-        option."""
+        compiled kernel, None or "auto" for $INFERNO_THREADS, else the usable cores (`inferno.cpu`). Bad
+        values raise ValueError naming the option."""
         super().__init__("float32")
         name = str(dtype).removeprefix("torch.").removeprefix("numpy.")
         if name not in FORMATS:
@@ -289,13 +283,13 @@ class HalfBackend(NumpyBackend):
 
     def weight_order(self, name: str) -> str:
         # Fortran order [in, out] is C order [out, in]: the loader reads straight into it.
-        return "F" if name.endswith(MATRICES[:4]) else "C"
+        return "F" if name.endswith(LINEAR) else "C"
 
     def prepare_weight(self, name: str, a: np.ndarray) -> Any:
-        if name.endswith(MATRICES[:4]):  # [in, out] as the file has it: pack the transpose
+        if name.endswith(LINEAR):  # [in, out] as the file has it: pack the transpose
             _check_range(name, a, self.fmt)
             return pack(a.T, self.fmt)
-        if name in MATRICES[4:]:  # [V, C] is [out, in] already
+        if name in EMBEDDINGS:  # [V, C] is [out, in] already
             _check_range(name, a, self.fmt)
             return pack(a, self.fmt)
         return np.ascontiguousarray(a, dtype=np.float32)
@@ -389,6 +383,50 @@ class HalfBackend(NumpyBackend):
                 return out
         return super().ragged_self_attention(x, w_attn, b_attn, w_proj, b_proj, slot_kv, rows, n_head)
 
+    # ---------------------------------------------------------------------- the Llama family's kernels
+    #
+    # In C where the kernels are built (`_kernels.c`: the same AVX-512 / AVX2 / portable paths as the
+    # products), each one call; NumPy's float32 versions (`NumpyBackend`) where they are not, or decline.
+
+    def embed_tokens(self, wte, ids):
+        if not isinstance(wte, Weight16):
+            return super().embed_tokens(wte, ids)
+        return wte.row_values(np.asarray(ids))  # the rows widened from 16 or 8 bits
+
+    def rms_norm(self, x, gamma, eps):
+        # x may be a view (the heads of Qwen3's q/k norm): the kernel reads it through its strides.
+        if _KERNELS is not None:
+            out = np.empty(x.shape, np.float32)
+            if _KERNELS.rms_norm(x, _f32(gamma), float(eps), out):
+                return out
+        return super().rms_norm(x, gamma, eps)
+
+    def rotary(self, x, cos, sin):
+        # x is the heads' view [B, H, T, D] of a projection: read through its strides, written contiguous.
+        if _KERNELS is not None:
+            out = np.empty(x.shape, np.float32)
+            if _KERNELS.rotary(x, _f32(cos), _f32(sin), out):
+                return out
+        return super().rotary(x, cos, sin)
+
+    def silu_mul(self, gate, up):
+        if _KERNELS is not None:
+            gate, up = _f32(gate), _f32(up)
+            out = np.empty_like(gate)
+            if _KERNELS.silu_mul(gate, up, out):
+                return out
+        return super().silu_mul(gate, up)
+
+    def gqa_attention(self, q, k_cache, v_cache, offset):
+        if _KERNELS is not None and q.shape[2] <= SMALL_M:
+            # As `attention`: one C call, each query head reading its group's key/value head in place.
+            q = _f32(q)
+            out = np.empty_like(q)
+            if _KERNELS.attention(q, k_cache, v_cache, int(offset), out, self.threads):
+                return out
+        with _one_blas_thread():  # NumPy's batched matmul over the groups (see `attention`)
+            return super().gqa_attention(q, k_cache, v_cache, offset)
+
     def _matmul(self, x: np.ndarray, w: Weight16, b: np.ndarray | None, gelu: bool = False) -> np.ndarray:
         """[M, K] float32 @ the [K, N] that `w` holds, + b (then gelu_new, with `gelu`): the kernel, or
         BLAS on weights unpacked a slice at a time where the kernel is not built (or declines)."""
@@ -460,24 +498,17 @@ def _split(n: int, parts: int) -> list[tuple[int, int]]:
     return [(j0, min(n, j0 + per)) for j0 in range(0, n, per)]
 
 
-@contextmanager
-def _one_blas_thread() -> Iterator[None]:
-    """OpenBLAS on one thread while our own threads split a product among the cores.
+def _one_blas_thread() -> AbstractContextManager:
+    """OpenBLAS on one thread while our own threads split a product among the cores, through
+    `inferno.cpu.blas_threads` (process-wide and locked, so that a backend used from another thread at
+    the same time cannot leave BLAS on one thread).
 
-    OpenBLAS's threads spin for about 0.1 s after each call (2^28 cycles): they would take the cores
-    from the kernel's OpenMP threads during the first decode steps after a prefill (measured about twice
-    as slow for those steps). Called from our threads on one thread each, its pool never
-    wakes up.
+    OpenBLAS's threads spin for a while after each call: they would take the cores from the kernel's
+    OpenMP threads during the first decode steps after a prefill. Called from our threads on one
+    thread each, its pool never wakes up. Without the compiled kernels nothing runs in parallel with
+    BLAS, and its threads are left alone.
     """
-    if _BLAS is None:
-        yield
-        return
-    before = _BLAS.get_num_threads()
-    _BLAS.set_num_threads(1)
-    try:
-        yield
-    finally:
-        _BLAS.set_num_threads(before)
+    return nullcontext() if _KERNELS is None else blas_threads(1)
 
 
 def _check_range(name: str, a: np.ndarray, fmt: str) -> None:
@@ -492,10 +523,7 @@ def _check_range(name: str, a: np.ndarray, fmt: str) -> None:
 
 def _threads(threads: Any) -> int:
     if threads is None or threads == "auto":
-        try:
-            return max(1, len(os.sched_getaffinity(0)))
-        except AttributeError:  # not on Linux
-            return max(1, os.cpu_count() or 1)
+        return resolve_threads(None, who="half backend")  # $INFERNO_THREADS, else the usable cores
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise ValueError(f"half backend: option threads={threads!r} must be an integer >= 1 or 'auto'")
     if threads > MAX_THREADS:

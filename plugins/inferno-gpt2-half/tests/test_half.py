@@ -13,7 +13,7 @@ import inferno
 import numpy as np
 import pytest
 from inferno.backends.registry import get_backend, list_backends
-from inferno.hub import shipped_gpt2_file
+from inferno.models.resolve import shipped_gpt2_file
 from safetensors.numpy import load_file, save_file
 
 import inferno_half.backend as hb
@@ -449,9 +449,9 @@ import sys
 from pathlib import Path
 
 from inferno.backends.registry import get_backend
-from inferno.config import Gpt2Config
-from inferno.model import Gpt2
-from inferno.weights import iter_weights
+from inferno.models.config import Gpt2Config
+from inferno.models.gpt2 import Gpt2
+from inferno.models.weights import iter_weights
 
 
 def status(key):
@@ -481,7 +481,7 @@ def test_load_peak_memory_is_at_most_1_2x_the_weights_held(tmp_path, fmt):
     import json
     import shutil
 
-    from inferno.config import GPT2_124M
+    from inferno.models.config import GPT2_124M
     from inferno.testing import random_weights
 
     directory = tmp_path / "model"

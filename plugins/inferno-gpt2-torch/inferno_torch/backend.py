@@ -10,29 +10,26 @@ here through ``array_api_compat.torch``: the embedding gather, the head split/me
 The few overridden below are where torch has a fused kernel that is clearly faster or more accurate;
 each says why.
 
-What runs where on the CPU, and why (the measurements are in docs/benchmarks.md). A decode step is one
-GEMV per weight matrix (the 48 of the blocks, then the LM head), so it is bound by how fast each GEMM
-routine streams its weights. torch's float32 GEMM is MKL's, which on the AMD development machine streams
-slower than OpenBLAS does for `numpy`, and its float16 GEMV only has a fast path for the [out, in]
-layout; oneDNN's packed layout measured fastest in float32 and bfloat16. So on the CPU, in float32 and
+What runs where on the CPU, and why (docs/benchmarks.md compares it with `numpy`, with the commands).
+A decode step is one GEMV per weight matrix (the 48 of the blocks, then the LM head), so it is bound by
+how fast each GEMM routine streams its weights. torch's float32 GEMM is MKL's, which need not stream
+them as fast as OpenBLAS does for `numpy`, and its float16 GEMV only has a fast path for the [out, in]
+layout; oneDNN's packed layout streams them best in float32 and bfloat16. So on the CPU, in float32 and
 bfloat16, the linear weights are kept [out, in] (the loader reads them so: `weight_order` "F") and
 packed once at load into oneDNN's blocked layout (``torch.ops.mkldnn._reorder_linear_weight``, what
 torch.compile's CPU freezing uses), then run with ``torch.ops.mkldnn._linear_pointwise``, whose GELU
 post-op also fuses `mlp`'s activation into the c_fc GEMM. `wte` stays plain for the embedding gather and
 gets a packed copy for the LM head. In float16 on the CPU the weights are kept [out, in] for F.linear.
-`python benches/sixteen_bit.py` measures whole decode steps against `numpy` side by side: in float32
-both read the same weights a step, so decode ties and prefill is faster, once each timed part is
-preceded by a rest (OpenBLAS's threads spin a while after a call, and whichever pool ran last slowed
-the other's GEMVs). A step is almost all oneDNN's GEMVs and SDPA; a direct torch version of
-`self_attention` (no array-api-compat head split) measured barely faster: not kept. ``onednn=false``
-turns the packing off.
+``onednn=false`` turns the packing off. `python benches/sixteen_bit.py` times whole decode steps
+against `numpy` side by side, each timed part preceded by a rest (OpenBLAS's threads spin a while after
+a call, and whichever pool ran last would slow the other's GEMVs).
 
-The float32 attention of a decode step is SDPA's blocked kernel; in bfloat16 the same call is several
-times slower: the CPU has no fast bfloat16 kernel for such small matrices, so bfloat16 here trades
-attention speed for weight bandwidth.
+The float32 attention of a decode step is SDPA's blocked kernel; in bfloat16 the same call is slower:
+the CPU has no fast bfloat16 kernel for such small matrices, so bfloat16 here trades attention speed for
+weight bandwidth.
 
 No `torch.inference_mode`: the weights come from NumPy and never require grad, so autograd records
-nothing already; entering it around every kernel call costs time and measured no gain per decode step.
+nothing already, and entering it around every kernel call only costs time.
 
 This module must stay importable without torch: the registry imports it on every machine to call the
 hook, so torch is imported only when a `TorchBackend` is constructed.
@@ -48,6 +45,7 @@ from inferno.backends.array_api import ArrayApiBackend
 from inferno.backends.base import Array
 from inferno.backends.hookspecs import hookimpl
 from inferno.backends.registry import BackendUnavailableError
+from inferno.cpu import MAX_THREADS
 
 if TYPE_CHECKING:
     import torch
@@ -57,9 +55,15 @@ DTYPES = ("float32", "bfloat16", "float16", "float64")
 DEVICE_TYPES = ("cpu", "cuda", "mps")
 
 
-#: The Hub's Conv1D weights, stored [in, out]. This backend keeps them [out, in] (nn.Linear's layout):
-#: the layout oneDNN packs, and the one torch's own half-precision GEMV reads at full speed.
-LINEAR_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+#: The linear weights, handed over [in, out] (GPT-2's Conv1D layout; the Llama family's nn.Linear weights
+#: transposed by the loader). This backend keeps them [out, in] (nn.Linear's layout): the layout oneDNN
+#: packs, and the one torch's own half-precision GEMV reads at full speed.
+LINEAR_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight",
+                  "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+                  "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
+                  "mlp.down_proj.weight")
+#: The token embeddings whose transpose is the tied LM head: GPT-2's and the Llama family's.
+EMBEDDINGS = ("wte.weight", "model.embed_tokens.weight")
 
 
 class LinearWeight:
@@ -113,8 +117,9 @@ class TorchBackend(ArrayApiBackend):
                              f"(choose one of {', '.join(d for d in DTYPES if d != 'float64')})")
         super().__init__(xp=xp, dtype=dtype_name, device=torch_device)
         self.onednn = _onednn(torch, onednn, torch_device, dtype_name)
+        self._sdpa_gqa = True  # until an older torch refuses enable_gqa (see gqa_attention)
         # [out, in] weights where they pay: oneDNN packs from it, and on the CPU torch's float16 GEMV
-        # reads it much faster than the [in, out] layout (measured; see the module docstring).
+        # reads it much faster than the [in, out] layout (see the module docstring).
         self._out_in = self.onednn or (torch_device.type == "cpu" and dtype_name == "float16")
         if self.onednn:
             self._pointwise = torch.ops.mkldnn._linear_pointwise
@@ -163,9 +168,9 @@ class TorchBackend(ArrayApiBackend):
         t = self.from_numpy(a)
         if self.onednn and name == "lm_head.weight":  # an untied head: [V, C] is already [out, in]
             return self._linear_weight(t)
-        if self.onednn and name == "wte.weight":
+        if self.onednn and name in EMBEDDINGS:
             # Tied: the embedding gathers rows of the plain tensor, the LM head reads a packed copy
-            # (much faster, measured), so the backend holds wte twice (+77 MB in bfloat16).
+            # (oneDNN's GEMV), so the backend holds wte twice (+77 MB in bfloat16).
             t._inferno_head = self._linear_weight(t)
         return t
 
@@ -217,19 +222,60 @@ class TorchBackend(ArrayApiBackend):
     def attention(self, q, k_cache, v_cache, offset):
         # scaled_dot_product_attention picks a fused kernel for the device (flash / memory-efficient on
         # CUDA, a blocked flash kernel on the CPU): the [T, S] scores are not materialised.
+        return self._sdpa(q, k_cache, v_cache, offset)
+
+    def _sdpa(self, q, k_cache, v_cache, offset, **gqa):
         t = q.shape[2]
         s = offset + t
         k, v = k_cache[:, :, :s], v_cache[:, :, :s]
         if t == 1:
             # The only query is the newest position: it sees every valid key, no mask needed.
-            return self._F.scaled_dot_product_attention(q, k, v)
+            return self._F.scaled_dot_product_attention(q, k, v, **gqa)
         if offset == 0:
-            return self._F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self._F.scaled_dot_product_attention(q, k, v, is_causal=True, **gqa)
         # SDPA's is_causal aligns the mask top-left, which is wrong when the queries start at offset > 0:
         # query i (at position offset + i) may see keys 0 .. offset + i. True = attend.
         rows = self._torch.arange(t, device=q.device)[:, None] + offset
         mask = self._torch.arange(s, device=q.device)[None, :] <= rows
-        return self._F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self._F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **gqa)
+
+    # ---------------------------------------------------------------------- the Llama family's kernels
+    #
+    # Each one torch call (or a few) in the compute dtype, where the base class's defaults would go to the
+    # host in float64 and back; half types reduce and exponentiate in float32 inside torch's kernels.
+
+    def embed_tokens(self, wte, ids):
+        return self._F.embedding(ids, wte)  # one gather, [B, T, C]
+
+    def heads(self, x, n_head):
+        b, t, c = x.shape
+        return x.reshape(b, t, n_head, c // n_head).transpose(1, 2)  # a view
+
+    def rms_norm(self, x, gamma, eps):
+        # Fused; bfloat16 and float16 accumulate the mean square in float32.
+        return self._F.rms_norm(x, (x.shape[-1],), gamma, eps)
+
+    def rotary(self, x, cos, sin):
+        half = x.shape[-1] // 2
+        x1, x2 = x[..., :half], x[..., half:]
+        # (Writing the halves into one output with out= was slower on the CPU than this concatenation.)
+        return self._torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+    def silu_mul(self, gate, up):
+        # silu is one fused kernel (float32 inside for half types), and saturates without overflow.
+        return self._F.silu(gate).mul_(up)
+
+    def gqa_attention(self, q, k_cache, v_cache, offset):
+        if q.shape[1] == k_cache.shape[1]:
+            return self._sdpa(q, k_cache, v_cache, offset)
+        if self._sdpa_gqa:
+            try:
+                # SDPA's own grouped-query attention (torch >= 2.5): query head h reads key/value head
+                # h // (H // Hkv), as the protocol says, with no copy of the caches.
+                return self._sdpa(q, k_cache, v_cache, offset, enable_gqa=True)
+            except TypeError:  # an older torch: no enable_gqa
+                self._sdpa_gqa = False
+        return super().gqa_attention(q, k_cache, v_cache, offset)  # one batched matmul over the groups
 
 
 def _onednn(torch: Any, option: Any, device: torch.device, dtype_name: str) -> bool:
@@ -267,12 +313,8 @@ def _dtype_name(dtype: Any) -> str:
     return name
 
 
-#: The most CPU threads one may ask for: torch segfaults when its thread pool cannot start them all
-#: (threads=100000), and no machine has that many cores.
-MAX_THREADS = 1024
-
-
 def _threads(threads: Any) -> int | None:
+    # At most inferno.cpu.MAX_THREADS: torch segfaults when its pool cannot start them all (threads=100000).
     if threads is None or threads == "auto":
         return None
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:

@@ -247,9 +247,9 @@ import sys
 from pathlib import Path
 
 from inferno.backends.registry import get_backend
-from inferno.config import Gpt2Config
-from inferno.model import Gpt2
-from inferno.weights import iter_weights
+from inferno.models.config import Gpt2Config
+from inferno.models.gpt2 import Gpt2
+from inferno.models.weights import iter_weights
 
 
 def status(key):
@@ -284,7 +284,7 @@ def test_load_peak_memory_is_at_most_1_2x_the_weights_held(tmp_path, dtype, held
     import subprocess
     import sys
 
-    from inferno.config import GPT2_124M
+    from inferno.models.config import GPT2_124M
     from inferno.testing import random_weights
     from safetensors.numpy import save_file
 

@@ -1,0 +1,263 @@
+"""inferno-gpt2-half's Llama-family kernels: `rms_norm`, `rotary` and `silu_mul` in C on every SIMD path
+this CPU can run (AVX-512, AVX2 + FMA, portable C), `gqa_attention` in one C call that reads each group's
+key/value head in place, the Llama family's matrices kept in 16 or 8 bits, and a random Llama-family model
+run on them with no default of the base class called."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from inferno.backends.base import Backend
+from inferno.backends.numpy_backend import NumpyBackend
+from inferno.conformance import reference as ref
+
+import inferno_half.backend as hb
+from inferno_half import HalfBackend
+
+KERNELS = ("embed_tokens", "heads", "rms_norm", "rotary", "silu_mul", "gqa_attention")
+needs_kernels = pytest.mark.skipif(hb._KERNELS is None, reason="the C kernels are not built")
+
+
+@pytest.fixture(params=["avx512", "avx2", "portable"])
+def simd(request):
+    """Each test on one SIMD path of the kernels, skipped (saying which feature is missing) where the CPU
+    cannot run it."""
+    kernels = hb._KERNELS
+    if kernels is None:
+        pytest.skip("the C kernels are not built")
+    if request.param == "avx512" and kernels.simd() != 2:
+        pytest.skip("this CPU has no AVX-512 (avx512f, avx512bw, avx512vl and avx512dq)")
+    if request.param == "avx2" and kernels.force_avx2(1) != 1:
+        kernels.force_avx2(0)
+        pytest.skip("this CPU has no AVX2 + FMA + F16C")
+    if request.param == "portable":
+        assert kernels.force_portable(1) == 0
+    try:
+        yield request.param
+    finally:
+        kernels.force_portable(0)
+
+
+@pytest.fixture
+def no_defaults(monkeypatch):
+    refuse_defaults(monkeypatch)
+
+
+def refuse_defaults(monkeypatch) -> None:
+    """The base class's Llama kernels (host float64 round trips, attention per group member) and the
+    NumPy versions `HalfBackend` would fall back to all raise."""
+    for kernel in KERNELS:
+        def refuse(*args, _kernel=kernel, **kwargs):
+            raise AssertionError(f"the inherited {_kernel} was called")
+        monkeypatch.setattr(Backend, kernel, refuse)
+        if kernel != "heads":  # NumPy's heads is a view: the half backend's own
+            monkeypatch.setattr(NumpyBackend, kernel, refuse)
+
+
+def close(got, want, rtol=1e-5):
+    """float32 arithmetic against float64: a few roundings."""
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * float(np.abs(want).max()))
+
+
+@pytest.mark.parametrize(("shape", "scale", "eps"), [
+    ((2, 4, 576), 1.0, 1e-5),      # SmolLM2's hidden size
+    ((1, 2, 35), 30.0, 1e-6),      # odd: the scalar tails
+    ((2, 3, 64), 3e-3, 1e-5),      # eps ~ mean square
+    ((3, 100), 1.0, 1e-6),         # 2-D
+])
+def test_rms_norm_in_c_matches_float64(simd, no_defaults, shape, scale, eps):
+    rng = np.random.default_rng(shape[-1])
+    x = (rng.standard_normal(shape) * scale).astype(np.float32)
+    g = (1 + 0.2 * rng.standard_normal(shape[-1])).astype(np.float32)
+    close(HalfBackend().rms_norm(x, g, eps), ref.rms_norm(x, g, eps))
+
+
+def test_rms_norm_reads_the_heads_view_in_place(simd, no_defaults):
+    # Qwen3's q/k norm normalises each head of the [B, H, T, D] view of a projection (not contiguous).
+    rng = np.random.default_rng(1)
+    be = HalfBackend()
+    x = rng.standard_normal((2, 3, 4 * 128)).astype(np.float32) * 4
+    g = (1 + 0.2 * rng.standard_normal(128)).astype(np.float32)
+    view = be.heads(x, 4)
+    assert not view.flags.c_contiguous
+    out = np.empty(view.shape, np.float32)
+    assert hb._KERNELS.rms_norm(view, g, 1e-6, out)  # taken as it is, not copied by a fallback
+    close(be.rms_norm(view, g, 1e-6), ref.rms_norm(ref.heads(x, 4), g, 1e-6))
+
+
+@pytest.mark.parametrize(("d", "positions", "theta"), [
+    (64, range(5), 1e4),
+    (128, range(8190, 8194), 5e5),     # positions past 4096
+    (6, [0, 7, 4100, 3], 1e4),         # D/2 odd: the scalar tail only
+    (40, [3], 1e4),                    # one SIMD block and a tail
+])
+def test_rotary_in_c_matches_float64_on_the_heads_view(simd, no_defaults, d, positions, theta):
+    rng = np.random.default_rng(d)
+    be = HalfBackend()
+    t, h = len(positions), 3
+    x = rng.standard_normal((2, t, h * d)).astype(np.float32)
+    inv = 1.0 / theta ** (np.arange(0, d, 2, dtype=np.float64) / d)
+    angles = np.asarray(positions, dtype=np.float64)[:, None] * inv[None, :]
+    cos, sin = be.from_numpy(np.cos(angles)), be.from_numpy(np.sin(angles))
+    q = be.heads(x, h)  # [2, h, t, d], strided
+    got = be.rotary(q, cos, sin)
+    assert got.flags.c_contiguous
+    close(got, ref.rotary(ref.heads(x, h), cos, sin))
+
+
+@pytest.mark.parametrize(("shape", "scale"), [((1, 4, 1536), 3.0), ((2, 3, 40), 100.0), ((17,), 10.0)])
+def test_silu_mul_in_c_matches_float64(simd, no_defaults, shape, scale):
+    rng = np.random.default_rng(shape[-1])
+    gate = (rng.standard_normal(shape) * scale).astype(np.float32)  # N(0, 100²): exp(-gate) overflows
+    up = rng.standard_normal(shape).astype(np.float32)
+    got = HalfBackend().silu_mul(gate, up)
+    assert np.isfinite(got).all()
+    close(got, ref.silu_mul(gate, up))
+
+
+class _Counting:
+    """The compiled kernels, counting the calls of each function."""
+
+    def __init__(self, kernels):
+        self._kernels, self.calls = kernels, []
+
+    def __getattr__(self, name):
+        fn = getattr(self._kernels, name)
+        return lambda *a: self.calls.append(name) or fn(*a)
+
+
+@pytest.mark.parametrize(("b", "h", "kv", "t", "d", "offset", "length"), [
+    (2, 3, 3, 4, 8, 2, 9),          # ratio 1
+    (1, 9, 3, 5, 64, 0, 8),         # ratio 3, SmolLM2's heads
+    (2, 6, 2, 1, 16, 11, 16),       # decode
+    (1, 8, 1, 3, 7, 4, 10),         # ratio 8, odd head size (the portable loop)
+    (1, 14, 2, 2, 64, 5, 9),        # ratio 7, Qwen2.5-0.5B's heads
+    (1, 4, 2, 3, 16, 4100, 4104),   # past 4096 keys (the scores on the heap)
+])
+def test_gqa_attention_is_one_c_call_over_the_groups(simd, no_defaults, monkeypatch, b, h, kv, t, d, offset,
+                                                      length):
+    counting = _Counting(hb._KERNELS)
+    monkeypatch.setattr(hb, "_KERNELS", counting)
+    rng = np.random.default_rng(h * 10 + d)
+    k = rng.standard_normal((b, kv, length, d)).astype(np.float32)
+    v = rng.standard_normal((b, kv, length, d)).astype(np.float32)
+    k[:, :, offset + t :] = np.nan  # past the valid positions: never read
+    q = rng.standard_normal((b, h, t, d)).astype(np.float32)
+    got = HalfBackend(threads=2).gqa_attention(q, k, v, offset)
+    s = offset + t
+    close(got, ref.gqa_attention(q, k[:, :, :s], v[:, :, :s], offset), rtol=2e-5)
+    assert counting.calls == ["attention"]
+
+
+def test_gqa_attention_of_a_long_prompt_is_numpys_batched_matmul(monkeypatch):
+    # Beyond SMALL_M queries the C kernel (one query at a time) gives way to BLAS: NumPy's own gqa_attention,
+    # one matmul over the groups, not the base class's attention per group member.
+    monkeypatch.setattr(Backend, "gqa_attention", lambda *a: (_ for _ in ()).throw(AssertionError("default")))
+    rng = np.random.default_rng(2)
+    t = hb.SMALL_M + 6
+    q = rng.standard_normal((1, 6, t, 16)).astype(np.float32)
+    k, v = (rng.standard_normal((1, 2, t, 16)).astype(np.float32) for _ in range(2))
+    close(HalfBackend().gqa_attention(q, k, v, 0), ref.gqa_attention(q, k, v, 0), rtol=2e-5)
+
+
+# Arguments of each new C function, and changes it must decline (False, computing nothing): the wrong
+# dtype, a wrong length or shape, a read-only output, an odd head size, a last axis that is not contiguous.
+def _args(name):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 3, 4, 16)).astype(np.float32)
+    if name == "rms_norm":
+        return [x, np.ones(16, np.float32), 1e-6, np.empty_like(x)], 3
+    if name == "silu_mul":
+        return [x, x * 2, np.empty_like(x)], 2
+    cos = np.ones((4, 8), np.float32)
+    return [x, cos, cos * 0.5, np.empty_like(x)], 3
+
+
+DECLINED = [
+    ("rms_norm", 0, lambda x: x.astype(np.float64)),
+    ("rms_norm", 0, lambda x: x[..., ::2]),
+    ("rms_norm", 1, lambda g: g[:-1]),
+    ("rms_norm", 1, lambda g: None),
+    ("rms_norm", 3, lambda o: o[..., :-1]),
+    ("rms_norm", 3, lambda o: np.asfortranarray(o)),
+    ("silu_mul", 1, lambda u: u[..., :-1]),
+    ("silu_mul", 0, lambda g: g.astype(np.float16)),
+    ("silu_mul", 2, lambda o: _read_only(o)),
+    ("rotary", 0, lambda x: x[..., :15]),
+    ("rotary", 1, lambda c: c[:-1]),
+    ("rotary", 2, lambda s: s[:, :-1]),
+    ("rotary", 3, lambda o: o.reshape(2, 3, 16, 4)),
+]
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    a = a.copy()
+    a.flags.writeable = False
+    return a
+
+
+@needs_kernels
+@pytest.mark.parametrize("name", ["rms_norm", "silu_mul", "rotary"])
+def test_new_c_functions_take_their_arrays(name):
+    args, out = _args(name)
+    assert getattr(hb._KERNELS, name)(*args) is True
+    assert np.isfinite(args[out]).all()
+
+
+@needs_kernels
+@pytest.mark.parametrize(("name", "i", "change"), DECLINED)
+def test_new_c_functions_decline_what_they_do_not_take(name, i, change):
+    args, out = _args(name)
+    args[i] = change(args[i])
+    before = np.array(args[out], copy=True)
+    assert getattr(hb._KERNELS, name)(*args) is False
+    np.testing.assert_array_equal(args[out], before)
+
+
+@needs_kernels
+def test_attention_declines_query_heads_that_are_not_a_multiple_of_the_key_heads():
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((1, 5, 1, 8)).astype(np.float32)
+    k, v = (rng.standard_normal((1, 2, 4, 8)).astype(np.float32) for _ in range(2))
+    assert hb._KERNELS.attention(q, k, v, 3, np.empty_like(q), 1) is False
+
+
+# --------------------------------------------------------------------------------------- the model
+
+
+def _rounded_state_dict(sd: dict[str, np.ndarray], fmt: str) -> dict[str, np.ndarray]:
+    """The state dict with the matrices the backend keeps in 16 bits rounded as it rounds them."""
+    return {n: hb.from_bits(hb.to_bits(a, fmt), fmt).reshape(a.shape)
+            if n.endswith(hb.LINEAR) or n in hb.EMBEDDINGS else a for n, a in sd.items()}
+
+
+@pytest.mark.parametrize("fmt", ["float16", "bfloat16", "int8"])
+@pytest.mark.parametrize("variant", ["qwen3", "llama-gqa4-bias"])
+def test_a_llama_model_runs_in_16_or_8_bits_on_the_native_kernels(monkeypatch, fmt, variant):
+    from inferno.models.llama import LlamaConfig, from_state_dict
+    from inferno.testing import llama_config, llama_state_dict
+
+    cfg = llama_config(variant, tie_word_embeddings=True)
+    config = LlamaConfig.from_dict(cfg)
+    sd = llama_state_dict(cfg, seed=5)
+    be = HalfBackend(fmt, threads=2)
+    model = from_state_dict(config, sd, be)
+    blk = model.blocks[0]
+    for w in (blk.q_w, blk.k_w, blk.v_w, blk.o_w, blk.gate_w, blk.up_w, blk.down_w, model.embed_tokens):
+        assert isinstance(w, hb.Weight16) and w.fmt == fmt
+    assert be.weight_order("model.layers.0.mlp.down_proj.weight") == "F"
+    # float16/bfloat16: against float64 on the same rounded weights (activations stay float32 here); int8
+    # also quantizes each product's inputs: against the unrounded weights, loosely.
+    oracle = from_state_dict(config, sd if fmt == "int8" else _rounded_state_dict(sd, fmt),
+                             NumpyBackend("float64"))
+    ids = np.random.default_rng(1).integers(0, config.vocab_size, (2, 7))
+    want = oracle.forward(ids, all_logits=True)
+    refuse_defaults(monkeypatch)  # (after the oracle, which runs NumPy's kernels)
+    cache = model.new_cache(2)
+    got = np.concatenate([model.forward(ids[:, :5], cache, all_logits=True),
+                          model.forward(ids[:, 5:6], cache, all_logits=True),
+                          model.forward(ids[:, 6:], cache, all_logits=True)], axis=1)
+    tolerance = 0.15 if fmt == "int8" else 1e-4
+    worst = float(np.abs(got - want).max())
+    assert worst <= tolerance * float(np.abs(want).max()), f"{fmt}: max error {worst:.3g}"
