@@ -11,7 +11,9 @@ The package, one concept a module:
 - `scheduler`: the `Engine` (submission, the wait queue, slots, the step loop, chunked prefill,
   cancellation), its errors, statistics and defaults;
 - `handle`: the caller's side of one request (`Handle`: its steps, its result, cancelling it);
-- `prefix_cache`: which token ids each KV slot holds, indexed by chained block hashes (`PrefixIndex`).
+- `prefix_cache`: which token ids each KV slot holds, indexed by chained block hashes (`PrefixIndex`);
+- `sequence`: the engine's record of one request, and a speculating sequence's drafts and their
+  verification within a step.
 
 Every name is importable from `inferno.engine`.
 """

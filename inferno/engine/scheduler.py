@@ -40,19 +40,13 @@ import numpy as np
 
 from inferno.engine.handle import Handle, RunningSequence
 from inferno.engine.prefix_cache import PrefixIndex
+from inferno.engine.sequence import EngineSequence, draft_row, verify_row
 from inferno.generate import check_request, new_token_budget
 from inferno.kv import KvSlots
 from inferno.models.causal_lm import CausalLM
 from inferno.models.gpt2 import Gpt2
 from inferno.options import GenerationOptions, SequenceState, TextDecoder, TokenLogprob, token_logprob
-from inferno.speculative import (
-    Speculation,
-    SpeculationStats,
-    adapt,
-    check_speculation,
-    new_speculation,
-    verify_draft,
-)
+from inferno.speculative import SpeculationStats, check_speculation
 
 #: Default KV slots: 16 sequences at once. A slot takes 72 MiB at the 124M shape in float32
 #: (`inferno.kv.slot_bytes`), so 16 take 1.1 GiB when every sequence fills the whole context;
@@ -74,38 +68,6 @@ class QueueFullError(EngineError):
 
 class EngineClosedError(EngineError):
     """The engine was closed."""
-
-
-@dataclass
-class _Sequence:
-    handle: Handle
-    prompt: list[int]
-    budget: int  # new tokens it may still take in all (max_new_tokens, bounded by the context)
-    slot: int = -1
-    cached: int = 0  # tokens of this sequence in its slot
-    next_token: int | None = None  # the last chosen token, to feed in the next step
-    #: Sequences of the same prompt (`submit_many`): they wait, holding their slots, until this one's
-    #: prefill is done, then copy its KV cache and sample their first token from the same logits.
-    followers: list[_Sequence] = field(default_factory=list)
-    #: A leader whose own request was cancelled, still prefilling for its followers.
-    ghost: bool = False
-    #: Prefix caching: a running sequence still prefilling the first `share` tokens of this one's prompt;
-    #: this one waits, holding its slot, until they are in that sequence's slot, then copies them.
-    source: _Sequence | None = None
-    share: int = 0
-    #: Prompt logprobs wanted (the N of the top alternatives; see `Engine.submit_many`), and those of the
-    #: prompt's tokens 1 .. so far.
-    prompt_logprobs: int | None = None
-    scored: list[TokenLogprob] = field(default_factory=list)
-    #: Speculative decoding (made at its first decode step, False when it does not speculate), the
-    #: drafts of the step running and their distributions.
-    speculation: Speculation | None | bool = None
-    drafts: list[int] = field(default_factory=list)
-    dists: list = field(default_factory=list)
-
-    @property
-    def size(self) -> int:
-        return 1 + len(self.followers)
 
 
 @dataclass
@@ -182,8 +144,8 @@ class Engine:
         self.prefix_cache = not no_prefix_cache
         self.prefix_block = int(prefix_block)
         self._prefixes = PrefixIndex(int(slots), self.prefix_block)
-        self._waiting: collections.deque[_Sequence] = collections.deque()
-        self._running: list[_Sequence] = []
+        self._waiting: collections.deque[EngineSequence] = collections.deque()
+        self._running: list[EngineSequence] = []
         self._ids = itertools.count()
         self._cv = threading.Condition()
         self._step_lock = threading.Lock()
@@ -246,7 +208,7 @@ class Engine:
         seqs = []
         for o in options:
             state = SequenceState(o, prompt, self.decoder() if self.decoder is not None else None, stop_ids)
-            seqs.append(_Sequence(Handle(self, next(self._ids), prompt, state), prompt, budget,
+            seqs.append(EngineSequence(Handle(self, next(self._ids), prompt, state), prompt, budget,
                                   prompt_logprobs=prompt_logprobs))
         handles = [q.handle for q in seqs]
         with self._cv:
@@ -339,7 +301,7 @@ class Engine:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _everyone(self) -> list[_Sequence]:
+    def _everyone(self) -> list[EngineSequence]:
         """Every sequence not yet ended: running, waiting, and the followers waiting on either."""
         leaders = [*self._running, *self._waiting]
         out = [*leaders, *(f for q in leaders for f in q.followers)]
@@ -420,7 +382,7 @@ class Engine:
                 self._running.append(seq)
             self._cv.notify_all()  # room in the queue for blocked submitters
 
-    def _take_slot(self, seq: _Sequence) -> None:
+    def _take_slot(self, seq: EngineSequence) -> None:
         """Give `seq` a free slot, with the longest cached prefix of its prompt in it (see the module's
         docstring); its prefill starts after that prefix."""
         index, prompt, top = self._prefixes, seq.prompt, seq.prompt_logprobs
@@ -459,7 +421,7 @@ class Engine:
                 if share - (top is not None) > seq.cached and share > seq.share:
                     seq.source, seq.share = other, share
 
-    def _usable(self, seq: _Sequence, src: int, n: int) -> tuple[int, list[TokenLogprob]]:
+    def _usable(self, seq: EngineSequence, src: int, n: int) -> tuple[int, list[TokenLogprob]]:
         """Of the first `n` tokens of `seq`'s prompt, cached in slot `src`: how many `seq` need not
         prefill, and the logprobs of its tokens 1 .. that many when it is scored. At least the last
         prompt token is run (its logits pick the first new token); a scored prompt runs the last cached
@@ -520,7 +482,8 @@ class Engine:
                 wanted.append(n if seq.prompt_logprobs is not None else int(last))
                 self.stats.prompt_tokens += n
             else:
-                seq.drafts, seq.dists = self._draft(seq)
+                seq.drafts, seq.dists = draft_row(seq, self.model, self.speculative, self.draft_model,
+                                                  self.num_speculative_tokens, self.sample_limit)
                 rows.append(([seq.next_token, *seq.drafts], seq.slot, seq.cached))
                 wanted.append(1 + len(seq.drafts))
             members.append(seq)
@@ -541,7 +504,10 @@ class Engine:
             seq_logits = logits[k : k + n, : self.sample_limit]
             k += n
             if start >= len(seq.prompt) and seq.speculation:
-                self._verify(seq, start, seq_logits)
+                emitted, reason, error = verify_row(seq, start, seq_logits, self.stats.speculation)
+                self.stats.tokens += emitted
+                if reason is not None or error is not None:
+                    self._finish(seq, reason, error)
                 continue
             if seq.prompt_logprobs is not None and start < len(seq.prompt) and not self._score(seq, start,
                                                                                                seq_logits):
@@ -564,7 +530,7 @@ class Engine:
                 continue
             self._sample(seq, row_logits)
 
-    def _score(self, seq: _Sequence, start: int, logits) -> bool:
+    def _score(self, seq: EngineSequence, start: int, logits) -> bool:
         """A scored prompt's chunk from position `start` on, and `logits` its rows: each prompt token's
         `TokenLogprob`, handed to the group's handles once the prompt is done. False when it failed (the
         sequence has then ended with the error)."""
@@ -582,7 +548,7 @@ class Engine:
                 q.handle.prompt_logprobs = [None, *seq.scored]
         return True
 
-    def _start_followers(self, leader: _Sequence, logits) -> None:
+    def _start_followers(self, leader: EngineSequence, logits) -> None:
         n = leader.cached
         with self._cv:
             followers, leader.followers = leader.followers, []
@@ -595,7 +561,7 @@ class Engine:
             f.cached = n
             self._sample(f, logits)
 
-    def _sample(self, seq: _Sequence, logits) -> None:
+    def _sample(self, seq: EngineSequence, logits) -> None:
         try:
             state = seq.handle.state
             step = state.step(logits, last=len(state.ids) + 1 >= seq.budget)
@@ -608,55 +574,7 @@ class Engine:
         if step.finish_reason is not None:
             self._finish(seq, step.finish_reason)
 
-    def _draft(self, seq: _Sequence) -> tuple[list[int], list]:
-        """The drafts `seq`'s decode row carries this step (none without speculation), as many as its
-        budget leaves room for after the token its row's last logits choose."""
-        if seq.speculation is None:  # its first decode step
-            state = seq.handle.state
-            seq.speculation = self.speculative is not None and state.matcher is None and new_speculation(
-                self.model, state, self.speculative, self.draft_model, self.num_speculative_tokens,
-                self.sample_limit)
-        state, spec = seq.handle.state, seq.speculation
-        room = seq.budget - len(state.ids) - 1
-        if not spec or room <= 0:
-            return [], []
-        drafts, dists = spec.drafter.draft([*seq.prompt, *state.ids], min(spec.num_tokens, room))
-        return drafts[:room], dists[:room]
-
-    def _verify(self, seq: _Sequence, start: int, logits) -> None:
-        """A speculating sequence's row: its rows of `logits` decide its tokens, while they accept its
-        drafts (see `inferno.speculative`); the slot keeps the positions of the tokens verified."""
-        state, spec, drafts = seq.handle.state, seq.speculation, seq.drafts
-        accepted, reason = 0, None
-        try:
-            for i in range(len(drafts) + 1):
-                draft = drafts[i] if i < len(drafts) else None
-                token, ok = verify_draft(state, logits[i], draft, seq.dists[i] if draft is not None else None)
-                step = state.step(logits[i], last=len(state.ids) + 1 >= seq.budget, token=token)
-                self.stats.tokens += 1
-                seq.next_token = step.id
-                seq.handle._put(step)
-                reason = step.finish_reason
-                if not ok or reason is not None:
-                    break
-                accepted += 1
-        except Exception as exc:  # a failure of this sequence only
-            self._finish(seq, None, exc)
-            return
-        # The sequence goes on after the last token fed and the accepted drafts; the next row overwrites
-        # the rest. Till then the prefix index may keep the rejected drafts: the keys and values written
-        # for them are those of these tokens after this prefix, whatever the sequence chose.
-        seq.cached = start + 1 + accepted
-        if drafts:
-            self.stats.speculation.count(len(drafts), accepted)
-            spec.stats.count(len(drafts), accepted)
-            if spec.adaptive:
-                spec.num_tokens = adapt(spec.num_tokens, len(drafts), accepted)
-        seq.drafts, seq.dists = [], []
-        if reason is not None:
-            self._finish(seq, reason)
-
-    def _finish(self, seq: _Sequence, reason: str | None, error: BaseException | None = None) -> None:
+    def _finish(self, seq: EngineSequence, reason: str | None, error: BaseException | None = None) -> None:
         """End a sequence (reason "cancelled" or its own finish reason; or an error) and free its slot;
         with an error, the followers waiting on it share its fate."""
         if seq in self._running:
