@@ -14,9 +14,9 @@ depend on it, and the rest is arithmetic:
 * Prompt lookup on a copy-heavy task: random weights do not copy a text that repeats its prompt, but
   their greedy decoding falls into loops, so the copy-heavy prompt is the target's own greedy text
   (`2 x --new-tokens` tokens after the plain prompt), which the continuation repeats as a real model
-  repeats a text it is editing or summarising: tok/s and its acceptance. And prompt lookup where every
-  draft is wrong (a random text repeated three times, which the random target does not continue): the
-  cost of rounds that are all rejected.
+  repeats a text it is editing or summarising: tok/s and its acceptance.
+* Every draft wrong (a drafter that proposes, at each position, a token the target will not choose; K
+  fixed): the cost of rounds that are all rejected, measured whole.
 * A draft model equal to the target (acceptance 100%, but each draft costs a target step): what the
   drafting machinery gives when every draft is right and drafting is as dear as decoding.
 * A small draft model (`--draft-shape`: 2 layers of n_embd 128, or distilgpt2's or GPT-2's shape; the
@@ -63,6 +63,13 @@ class Oracle:
         n = len(context)
         out = self.text[n : n + k]
         return out, [None] * len(out)
+
+
+class Wrong(Oracle):
+    """Drafts a token the target will not choose at every position (every draft rejected)."""
+
+    def __init__(self, prompt: list[int], future: list[int], vocab: int) -> None:
+        super().__init__(prompt, [(t + 1) % vocab for t in future])
 
 
 def forward_ms(model: Gpt2, t: int, reps: int) -> float:
@@ -116,7 +123,6 @@ def main(argv: list[str] | None = None) -> int:
     prompt = prompt_ids(32, vocab, seed=3)
     future = list(generate_tokens(target, prompt, n))
     copy_prompt = prompt + list(generate_tokens(target, prompt, 2 * n))
-    wrong_prompt = prompt_ids(48, vocab, seed=4) * 3
     runs: dict[str, list[float]] = {}
     accept: dict[str, float] = {}
     for _ in range(args.repeat):  # interleaved: a disturbance hits every variant alike
@@ -125,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
             (f"oracle, K={k} fixed", prompt, Speculation(Oracle(prompt, future), k, adaptive=False)),
             (f"oracle, K from {k} adaptive", prompt, Speculation(Oracle(prompt, future), k)),
             ("prompt lookup (copy-heavy: the target's own loop)", copy_prompt, Speculation(_ngram(), k)),
-            ("prompt lookup (drafts wrong: a text repeated)", wrong_prompt, Speculation(_ngram(), k)),
+            (f"every draft wrong, K={k} fixed", prompt, Speculation(Wrong(prompt, future, vocab), k,
+                                                                  adaptive=False)),
             (f"draft model = the target, K={k} fixed", prompt,
              Speculation(DraftModelDrafter(target, Sampler()), k, adaptive=False)),
             ("draft model (random weights)", prompt, _draft_spec(target, draft, k)),
