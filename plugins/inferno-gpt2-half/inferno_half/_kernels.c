@@ -706,6 +706,154 @@ static int cpu_has_vnni(void) {
 }
 #endif
 
+/* --------------------------------------------------------------------------------- AMX int8 products
+   Intel's AMX (Sapphire Rapids and later) multiplies int8 tiles: one TDPBSSD adds a 16 x K by K x 16
+   int8 product into a 16 x 16 int32 tile. Used for products of many rows (amx_rows), it keeps the VNNI
+   path's arithmetic exactly, so a row gets the same bits on either path:
+
+   - one TDPBSSD per block of QB = 32 inputs (K = 32, half a tile's depth): each block's int32 sums must
+     stay apart, since each is scaled by its own d. The sums are exact, as vpdpbusd's (signed by signed:
+     no -128 correction needed);
+   - the 16 x 16 sums stored, then for each row converted and added in AVX-512 as q8tile512 does,
+     fa = fmadd(float(sum), d, fa), over the blocks in order, from zero.
+
+   The weights need no repacking: a B tile (8 rows of 16 outputs x 4 inputs) is half of a block's 8 groups
+   in a panel, its rows 128 bytes apart; an A tile is 16 quantized rows (kp bytes apart), 32 bytes each.
+   Tile data needs the OS's consent (XCR0, and on Linux arch_prctl); without it the VNNI path runs. */
+
+/* AMX's intrinsics: x86-64 only, GCC 11 and clang 12 on (an older compiler builds the rest without it). */
+#if HAVE_X86 && defined(__x86_64__) && (defined(__clang__) ? __clang_major__ >= 12 : __GNUC__ >= 11)
+#define HAVE_AMX 1
+#else
+#define HAVE_AMX 0
+#endif
+
+#if HAVE_AMX
+#include <cpuid.h>
+#ifdef __linux__
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+#define XAMX __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+
+/* Tiles 0, 1: A (16 rows x QB bytes); 2, 3: B (QB / 4 rows x 64 bytes); 4, 5: the sums (16 x 16 int32).
+   Two of each, for alternate blocks: the next block's tile work runs while this one's FMAs do. Static
+   and const: ldtilecfg's asm tells the compiler of only 8 of its 64 bytes, so stores to a local could be
+   dropped. */
+static const struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} __attribute__((aligned(64))) AMX_CONFIG = {1, 0, {0}, {QB, QB, 64, 64, 64, 64}, {16, 16, QB / 4, QB / 4, 16, 16}};
+
+/* Why AMX cannot run here ("" when it can): the CPU, the OS's tile state (XCR0 bits 17, 18), or the Linux
+   kernel's permission for tile data, asked once per process (arch_prctl ARCH_REQ_XCOMP_PERM, 0x1023,
+   for XFEATURE_XTILEDATA, 18), before the first tile is used. */
+static const char *amx_check(void) {
+    unsigned a, b, c, d;
+    if (!cpu_has_vnni() || !__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << 25)))
+        return "CPU lacks AMX-INT8";
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return "the OS does not enable AMX tile state";
+    uint32_t lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    (void)hi;
+    if ((lo & (3u << 17)) != (3u << 17)) return "the OS does not enable AMX tile state";
+#ifdef __linux__
+    if (syscall(SYS_arch_prctl, 0x1023, 18) != 0) return "the kernel refused AMX tile data";
+    return "";
+#else
+    return "AMX tile data is requested on Linux only";
+#endif
+}
+
+/* tilestored of tile T to s (16 rows of 64 bytes), telling the compiler which memory it writes: the
+   intrinsic's "memory" clobber would keep the accumulators below in memory, not registers. */
+#define AMX_STORE(T, s) \
+    __asm__ volatile("{tilestored\t%%tmm" #T ", (%1,%2,1)|tilestored\t[%1+%2*1], %%tmm" #T "}" \
+                     : "=m"(*(int32_t(*)[256])(s)) : "r"(s), "r"((long)64))
+
+/* The sums of one block (tiles A, B into C, stored at s) for 16 rows by 16 outputs. */
+#define AMX_BLOCK(A, B, C, q, kp, w, blk, s) do { \
+    _tile_loadd(A, (q) + (blk) * QB, kp); \
+    _tile_loadd(B, (w) + (blk) * (QB / 4) * 4 * PANEL, 4 * PANEL); \
+    _tile_zero(C); \
+    _tile_dpbssd(C, A, B); \
+    AMX_STORE(C, s); } while (0)
+
+/* acc[r] += float(s[r]) * d of row r for the block (d: the block's 16), q8tile512's FMA lane for lane. A
+   macro: acc passed by pointer to a function stayed in memory. */
+#define AMX_FMA(acc, s, d) do { \
+    _Pragma("GCC unroll 16") \
+    for (int r = 0; r < 16; r++) \
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512((const void *)((s) + 16 * r))), \
+                                 _mm512_set1_ps((d)[r]), acc[r]); } while (0)
+
+/* The raw sums of 16 rows of q (kp bytes a row; rows past `rows` zero) by the 16 outputs of w (half a
+   panel), over every block, the first `rows` rows into y at col. d: the rows' d block-major ([kb][16]). */
+XAMX static void q8amx16(const int8_t *q, int64_t kp, const float *d, int64_t kb, const int8_t *w, int rows,
+                         float *y, int64_t n, int64_t col) {
+    __m512 acc[16];
+    int32_t s[2][256] __attribute__((aligned(64)));
+#pragma GCC unroll 16
+    for (int r = 0; r < 16; r++) acc[r] = _mm512_setzero_ps();
+    AMX_BLOCK(0, 2, 4, q, kp, w, 0, s[0]);
+    for (int64_t blk = 0; blk < kb; blk += 2) {
+        if (blk + 1 < kb) AMX_BLOCK(1, 3, 5, q, kp, w, blk + 1, s[1]);
+        AMX_FMA(acc, s[0], d + blk * 16);
+        if (blk + 1 < kb) {
+            if (blk + 2 < kb) AMX_BLOCK(0, 2, 4, q, kp, w, blk + 2, s[0]);
+            AMX_FMA(acc, s[1], d + (blk + 1) * 16);
+        }
+    }
+    __mmask16 keep = n - col >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - col)) - 1);
+    /* (All 16 indices constant, so that acc stays in registers.) */
+#pragma GCC unroll 16
+    for (int r = 0; r < 16; r++)
+        if (r < rows) _mm512_mask_storeu_ps(y + r * n + col, keep, acc[r]);
+}
+
+/* Panels p0 .. p1 - 1 of the raw sums for the quantized rows q [m][kp] (rows padded with zeros to a
+   multiple of 16; d: each tile of 16 rows' d block-major, [kb][16], at r0 * kb), on AMX. Tiles of rows
+   outermost: their q stays in L1 while the task's panels go by. The tile configuration is loaded by the
+   thread that runs it and released at the end (tiles left in use make each context switch save 8 KB). */
+XAMX static void q8_panels_amx(const int8_t *q, const float *d, int64_t m, int64_t k, const int8_t *w, int64_t p0,
+                               int64_t p1, float *y, int64_t n) {
+    int64_t kp = kpad(k), kb = kp / QB, gs = panel_elems(k, FMT_I8);
+    _tile_loadconfig(&AMX_CONFIG);
+    for (int64_t r0 = 0; r0 < m; r0 += 16)
+        for (int64_t p = p0; p < p1; p++)
+            for (int h = 0; h < 2; h++) {
+                int64_t col = p * PANEL + h * 16;
+                if (col >= n) break;
+                q8amx16(q + r0 * kp, kp, d + r0 * kb, kb, w + p * gs + h * 64, (int)min64(16, m - r0), y + r0 * n,
+                        n, col);
+            }
+    _tile_release();
+}
+#endif
+
+/* Products of at least this many rows run on AMX where it can (see amx_rows); 0: never. */
+#ifndef AMX_ROWS
+#define AMX_ROWS 16
+#endif
+static int amx_min_rows = AMX_ROWS;
+
+/* Why AMX cannot run on this machine, "" when it can (checked once). */
+static const char *amx_support(void) {
+#if HAVE_AMX
+    static const char *why = NULL;
+    const char *w = __atomic_load_n(&why, __ATOMIC_ACQUIRE);
+    if (!w) {
+        w = amx_check();
+        __atomic_store_n(&why, w, __ATOMIC_RELEASE);
+    }
+    return w;
+#else
+    return HAVE_X86 ? "the compiler that built the kernels lacks AMX" : "CPU lacks AMX-INT8";
+#endif
+}
+
 /* How the int8 path `simd` (PATH_AVX512 with VNNI, PATH_AVX2, else portable) splits m rows into tiles
    (sizes, in order; returns how many): AVX-512 up to 6 rows in one tile, more in balanced tiles of up to
    12 (over half panels); AVX2 tiles of 2 rows (the last 1 for odd m); portable one tile. */
@@ -769,23 +917,37 @@ static int q8_path(int simd) {
 #endif
 }
 
+/* Whether a chunk of `rows` rows of an int8 product runs on AMX, under the int8 path `simd`. */
+static int uses_amx(int simd, int64_t rows) {
+    return simd == PATH_AVX512 && amx_min_rows > 0 && rows >= amx_min_rows && !amx_support()[0];
+}
+
 /* product() for an int8 weight: MC rows at a time, each chunk quantized (quantize_row), packed tile by tile
-   for the SIMD paths, its panels split among the threads, then finish_i8. Returns 0, or -1 out of memory. */
+   for the SIMD paths (AMX reads q as it is, its rows padded with zeros to whole tiles of 16, and d by
+   tile), its panels
+   split among the threads, then finish_i8. Returns 0, or -1 out of memory. */
 static int product_q8(const float *x, int64_t m, int64_t k, const uint16_t *w, int64_t n, const float *b,
                       float *y, int threads, int act) {
     int64_t count = (n + PANEL - 1) / PANEL, tasks = (count + TASK - 1) / TASK, sizes[MC];
-    int64_t kp = kpad(k), kb = kp / QB, groups = kp / 4, mc0 = min64(m, MC);
+    int64_t kp = kpad(k), kb = kp / QB, groups = kp / 4, mc0 = min64(m, MC), mq = (mc0 + 15) / 16 * 16;
     int simd = q8_path(simd_path());
-    int8_t *q = malloc((size_t)(mc0 * kp));
-    float *d = malloc(sizeof(float) * (size_t)(mc0 * kb)), *dp = malloc(sizeof(float) * (size_t)(mc0 * kb));
+    int8_t *q = malloc((size_t)(mq * kp));
+    float *d = malloc(sizeof(float) * (size_t)(mc0 * kb)), *dp = malloc(sizeof(float) * (size_t)(mq * kb));
     int32_t *c = malloc(sizeof(int32_t) * (size_t)(mc0 * kb)), *cp = malloc(sizeof(int32_t) * (size_t)(mc0 * kb));
     int32_t *xg = malloc(sizeof(int32_t) * (size_t)(mc0 * groups));
     int failed = !q || !d || !dp || !c || !cp || !xg;
     (void)threads;
     for (int64_t m0 = 0; m0 < m && !failed; m0 += MC) {
-        int64_t mc = min64(MC, m - m0), tiles = q8_plan(simd, mc, sizes);
+        int64_t mc = min64(MC, m - m0), tiles = q8_plan(simd, mc, sizes), pad = (mc + 15) / 16 * 16;
+        int amx = uses_amx(simd, mc);
         for (int64_t r = 0; r < mc; r++) quantize_row(x + (m0 + r) * k, k, q + r * kp, d + r * kb, c + r * kb);
-        for (int64_t t = 0, r0 = 0; t < tiles; r0 += sizes[t], t++)
+        if (amx) {
+            memset(q + mc * kp, 0, (size_t)((pad - mc) * kp));
+            for (int64_t r = 0; r < pad; r++)
+                for (int64_t blk = 0; blk < kb; blk++)
+                    dp[(r & ~15) * kb + blk * 16 + (r & 15)] = r < mc ? d[r * kb + blk] : 0.0f;
+        }
+        for (int64_t t = 0, r0 = 0; t < tiles && !amx; r0 += sizes[t], t++)
             for (int64_t r = 0; r < sizes[t]; r++) {
                 for (int64_t g = 0; g < groups; g++)
                     memcpy(xg + r0 * groups + g * sizes[t] + r, q + (r0 + r) * kp + 4 * g, 4);
@@ -800,6 +962,10 @@ static int product_q8(const float *x, int64_t m, int64_t k, const uint16_t *w, i
 #endif
         for (int64_t t = 0; t < tasks; t++) {
             int64_t p0 = t * TASK, p1 = min64(count, (t + 1) * TASK);
+#if HAVE_AMX
+            if (amx) q8_panels_amx(q, dp, mc, k, (const int8_t *)w, p0, p1, ym, n);
+            else
+#endif
 #if HAVE_X86
             if (simd != PATH_PORTABLE) q8_panels_x86(simd, xg, dp, cp, mc, k, (const int8_t *)w, p0, p1, ym, n, sizes, tiles);
             else
@@ -1877,6 +2043,33 @@ static PyObject *py_force_avx2(PyObject *self, PyObject *flag) {
     return PyLong_FromLong(limit_path(avx2 ? PATH_AVX2 : PATH_AVX512));
 }
 
+/* amx_rows(rows): int8 products (each chunk of up to MC rows) of at least `rows` rows run on AMX tiles
+   where the CPU and OS allow; 0 never (the tests compare the paths so); negative, the default AMX_ROWS.
+   Returns the threshold now set. */
+static PyObject *py_amx_rows(PyObject *self, PyObject *arg) {
+    (void)self;
+    long rows = PyLong_AsLong(arg);
+    if (rows == -1 && PyErr_Occurred()) return NULL;
+    amx_min_rows = rows < 0 ? AMX_ROWS : rows > MC ? MC : (int)rows;
+    return PyLong_FromLong(amx_min_rows);
+}
+
+static PyObject *py_amx_support(PyObject *self, PyObject *unused) {
+    (void)self; (void)unused;
+    return PyUnicode_FromString(amx_support());
+}
+
+/* int8_path(rows): the path an int8 product of `rows` rows takes now (its first chunk of up to MC). */
+static PyObject *py_int8_path(PyObject *self, PyObject *arg) {
+    (void)self;
+    long rows = PyLong_AsLong(arg);
+    if (rows == -1 && PyErr_Occurred()) return NULL;
+    int simd = q8_path(simd_path());
+    const char *name = uses_amx(simd, rows < MC ? rows : MC) ? "AMX-INT8" : simd == PATH_AVX512 ? "AVX-512 VNNI"
+                       : simd == PATH_AVX2 ? "AVX2" : "portable C";
+    return PyUnicode_FromString(name);
+}
+
 static PyObject *py_max_threads(PyObject *self, PyObject *unused) {
     (void)self; (void)unused;
     return PyLong_FromLong(max_threads());
@@ -1903,6 +2096,14 @@ static PyMethodDef functions[] = {
      "force_portable(flag) -> simd(): with flag true, every later call takes the portable C path."},
     {"force_avx2", py_force_avx2, METH_O,
      "force_avx2(flag) -> simd(): with flag true, every later call takes at most the AVX2 path."},
+    {"amx_rows", py_amx_rows, METH_O,
+     "amx_rows(rows) -> rows: int8 products of at least `rows` rows run on AMX tiles where the CPU and OS "
+     "allow (0: never; negative: the default)."},
+    {"amx_support", py_amx_support, METH_NOARGS,
+     "amx_support() -> '' where AMX int8 tiles can run, else why not (the CPU, the OS or the kernel)."},
+    {"int8_path", py_int8_path, METH_O,
+     "int8_path(rows) -> the path an int8 product of `rows` rows takes now: 'AMX-INT8', 'AVX-512 VNNI', "
+     "'AVX2' or 'portable C'."},
     {"max_threads", py_max_threads, METH_NOARGS, "max_threads() -> the most threads a call may use."},
     {NULL, NULL, 0, NULL}};
 

@@ -22,8 +22,9 @@ What runs in C (`_kernels.c`), and why:
   reads and widens each weight once per tile and is bound by the FMAs, not by unpacking. Each output is
   one FMA chain over its inputs, the same for any number of rows: a sequence gets the same bits batched
   or alone. int8 panels hold 4 inputs of an output side by side (VNNI's operand), and a tile's int32
-  block sums are exact on every path. Paths by CPU feature at run time: AVX-512 (with VNNI for int8),
-  AVX2 + FMA + F16C, portable C; OpenMP threads.
+  block sums are exact on every path. Paths by CPU feature at run time: AVX-512 (with VNNI for int8, and
+  AMX tiles for int8 products of many rows where the CPU and OS allow: the same bits), AVX2 + FMA + F16C,
+  portable C; OpenMP threads.
 * The rest of a decode step, because at one token a step NumPy's calls cost more than the work: the
   layer norms; the attention block in one call per layer (the fused c_attn product, the cache writes,
   the attention, c_proj), over all the rows of a ragged engine step at once; the MLP with its GELU
@@ -246,6 +247,8 @@ class HalfBackend(NumpyBackend):
         if _KERNELS is None:
             return "NumPy fallback (C kernels not built: slow)"
         simd = {2: "AVX-512", 1: "AVX2 + FMA + F16C"}.get(_KERNELS.simd(), "portable C")
+        if _KERNELS.int8_path(96) == "AMX-INT8":  # (a chunk of MC rows: whether AMX runs at all)
+            simd += ", AMX-INT8 for int8 batches"
         threads = _KERNELS.max_threads()
         return f"compiled C ({simd}, {'OpenMP' if threads > 1 else 'one thread'})"
 
