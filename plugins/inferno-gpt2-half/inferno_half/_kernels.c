@@ -395,18 +395,21 @@ X86 static void widen32_x86(const uint16_t *src, float *out, int fmt) {
 }
 
 /* The end of an int8 product, for outputs j0 .. j1 - 1 of `rows` rows of y: times the scales, + bias,
-   then gelu_new with act (the tiles ran without bias or act). As finish8, lane for lane. */
+   then gelu_new with act (the tiles ran without bias or act). As finish8, lane for lane: one FMA
+   y * scale + bias (+ 0 without a bias), 8 at a time. j0 is a panel's first output, so 8 outputs never
+   straddle two panels (whose scales lie apart); masked loads and stores at the end of a row. */
 X86 static void finish_i8_x86(const uint16_t *w, int64_t k, float *y, int64_t rows, int64_t n, int64_t j0,
                               int64_t j1, const float *b, int act) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     for (int64_t r = 0; r < rows; r++)
         for (int64_t j = j0; j < j1; j += 8) {
-            float t[8];
-            int64_t valid = min64(8, j1 - j);
-            for (int64_t c = 0; c < valid; c++)
-                t[c] = y[r * n + j + c] * scales_of(w, (j + c) / PANEL, k)[(j + c) % PANEL] + (b ? b[j + c] : 0.0f);
-            for (int64_t c = valid; c < 8; c++) t[c] = 0.0f;
-            if (act) _mm256_storeu_ps(t, gelu8(_mm256_loadu_ps(t)));
-            for (int64_t c = 0; c < valid; c++) y[r * n + j + c] = t[c];
+            __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)min64(8, j1 - j)), lane);
+            __m256 s = _mm256_loadu_ps(scales_of(w, j / PANEL, k) + j % PANEL);
+            __m256 bv = b ? _mm256_maskload_ps(b + j, keep) : _mm256_setzero_ps();
+            float *yr = y + r * n + j;
+            __m256 v = _mm256_fmadd_ps(_mm256_maskload_ps(yr, keep), s, bv);
+            if (act) v = gelu8(v);
+            _mm256_maskstore_ps(yr, keep, v);
         }
 }
 
@@ -569,6 +572,35 @@ static void q8_portable(const int8_t *q, const float *d, int64_t rows, int64_t k
 
 #if HAVE_X86
 #define X512V __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
+
+/* quantize_row in AVX-512, lane for lane the same operations (max |x|, x * id, the round by 1.5 * 2^23,
+   the clamp, the sum), so the same q, d and c: at a prompt's many rows the scalar loop cost a sixth of
+   a product. A block holding inf or NaN (a lane failing |x| <= FLT_MAX) is left to quantize_row. */
+X512 static void quantize_row512(const float *x, int64_t k, int8_t *q, float *d, int32_t *c) {
+    const __m512 magic = _mm512_set1_ps(12582912.0f), big = _mm512_set1_ps(3.4028235e38f);
+    for (int64_t b0 = 0, blk = 0; b0 < kpad(k); b0 += QB, blk++) {
+        int64_t end = min64(k, b0 + QB);
+        __mmask16 m0 = end - b0 >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (end - b0)) - 1);
+        __mmask16 m1 = end - b0 >= 32 ? (__mmask16)0xFFFF : end - b0 <= 16 ? 0 : (__mmask16)((1u << (end - b0 - 16)) - 1);
+        __m512 x0 = _mm512_maskz_loadu_ps(m0, x + b0), x1 = _mm512_maskz_loadu_ps(m1, x + b0 + 16);
+        __m512 a0 = _mm512_abs_ps(x0), a1 = _mm512_abs_ps(x1);
+        if (_mm512_cmp_ps_mask(a0, big, _CMP_LE_OQ) != 0xFFFF || _mm512_cmp_ps_mask(a1, big, _CMP_LE_OQ) != 0xFFFF) {
+            quantize_row(x + b0, end - b0, q + b0, d + blk, c + blk);  /* one block: NaN d, zero q */
+            continue;
+        }
+        float amax = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
+        float dd = amax / 127.0f, id = dd > 0.0f ? 1.0f / dd : 0.0f;
+        __m512 vid = _mm512_set1_ps(id), lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
+        __m512 v0 = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(x0, vid), magic), magic);
+        __m512 v1 = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(x1, vid), magic), magic);
+        __m512i q0 = _mm512_cvttps_epi32(_mm512_min_ps(_mm512_max_ps(v0, lo), hi));
+        __m512i q1 = _mm512_cvttps_epi32(_mm512_min_ps(_mm512_max_ps(v1, lo), hi));
+        _mm_storeu_si128((__m128i *)(q + b0), _mm512_cvtepi32_epi8(q0));
+        _mm_storeu_si128((__m128i *)(q + b0 + 16), _mm512_cvtepi32_epi8(q1));
+        d[blk] = dd;
+        c[blk] = -128 * _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+    }
+}
 
 /* The raw sums of a tile: `mr` rows times `nv` vectors of 16 outputs, vector v the half (h0 + v) % 2 of
    panel (h0 + v) / 2 from w (gs bytes a panel). xg: the rows' 4-input groups as int32, input-major
@@ -940,7 +972,12 @@ static int product_q8(const float *x, int64_t m, int64_t k, const uint16_t *w, i
     for (int64_t m0 = 0; m0 < m && !failed; m0 += MC) {
         int64_t mc = min64(MC, m - m0), tiles = q8_plan(simd, mc, sizes), pad = (mc + 15) / 16 * 16;
         int amx = uses_amx(simd, mc);
-        for (int64_t r = 0; r < mc; r++) quantize_row(x + (m0 + r) * k, k, q + r * kp, d + r * kb, c + r * kb);
+        for (int64_t r = 0; r < mc; r++) {
+#if HAVE_X86
+            if (simd == PATH_AVX512) { quantize_row512(x + (m0 + r) * k, k, q + r * kp, d + r * kb, c + r * kb); continue; }
+#endif
+            quantize_row(x + (m0 + r) * k, k, q + r * kp, d + r * kb, c + r * kb);
+        }
         if (amx) {
             memset(q + mc * kp, 0, (size_t)((pad - mc) * kp));
             for (int64_t r = 0; r < pad; r++)
