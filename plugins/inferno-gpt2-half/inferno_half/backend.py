@@ -45,6 +45,7 @@ figures are in docs/benchmarks-half.md.
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
@@ -88,6 +89,32 @@ def _load_kernels() -> Any:
 
 
 _KERNELS = _load_kernels()
+
+#: INFERNO_HALF_ISA caps the kernels' instruction set, process-wide: "portable" (C), "avx2" (AVX2 + FMA
+#: + F16C), "avx512" (AVX-512 and VNNI, no AMX tiles) or "native" (the best the CPU has: the default), so
+#: that a lesser path can be run, tested or compared on any machine.
+ISA_LEVELS = ("portable", "avx2", "avx512", "native")
+ISA_CAP = os.environ.get("INFERNO_HALF_ISA", "").strip().lower() or "native"
+
+
+def _cap_isa(kernels: Any, cap: str) -> None:
+    if kernels is None or cap not in ISA_LEVELS:
+        return  # an unknown value is refused when a backend is made (`_check_isa_cap`)
+    if cap == "portable":
+        kernels.force_portable(1)
+    elif cap == "avx2":
+        kernels.force_avx2(1)
+    elif cap == "avx512":
+        kernels.amx_rows(0)
+
+
+def _check_isa_cap() -> None:
+    if ISA_CAP not in ISA_LEVELS:
+        raise ValueError(f"half backend: INFERNO_HALF_ISA={ISA_CAP!r} is not a path (choose "
+                         f"{', '.join(ISA_LEVELS)})")
+
+
+_cap_isa(_KERNELS, ISA_CAP)
 
 
 def to_bits(a: np.ndarray, fmt: str) -> np.ndarray:
@@ -250,7 +277,8 @@ class HalfBackend(NumpyBackend):
         if _KERNELS.int8_path(96) == "AMX-INT8":  # (a chunk of MC rows: whether AMX runs at all)
             simd += ", AMX-INT8 for int8 batches"
         threads = _KERNELS.max_threads()
-        return f"compiled C ({simd}, {'OpenMP' if threads > 1 else 'one thread'})"
+        capped = f", capped by INFERNO_HALF_ISA={ISA_CAP}" if ISA_CAP != "native" else ""
+        return f"compiled C ({simd}, {'OpenMP' if threads > 1 else 'one thread'}{capped})"
 
     def __init__(self, dtype: Any = "float16", threads: Any = None) -> None:
         """`dtype`: how the weights are stored, "float16" (default: 11 significant bits), "bfloat16"
@@ -259,6 +287,7 @@ class HalfBackend(NumpyBackend):
         compiled kernel, None or "auto" for $INFERNO_THREADS, else the usable cores (`inferno.cpu`). Bad
         values raise ValueError naming the option."""
         super().__init__("float32")
+        _check_isa_cap()
         name = str(dtype).removeprefix("torch.").removeprefix("numpy.")
         if name not in FORMATS:
             raise ValueError(f"half backend: option dtype={dtype!r} is not supported (choose float16, "
