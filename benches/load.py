@@ -2,6 +2,7 @@
 
     python benches/load.py                       # GPT-2 XL shape (1.5B parameters, a 6.2 GB file)
     python benches/load.py --shape large --rounds 5 --backends numpy,half
+    python benches/load.py --shape qwen2.5-1.5b --backends numpy,half:dtype=bfloat16   # sharded, BF16
 
 A random checkpoint of the chosen shape is written (tensor by tensor, so this process never holds it) to
 a temporary folder with the shipped config and tokenizer, read once to warm the page cache, then each
@@ -12,6 +13,10 @@ round runs, each in a fresh process and interleaved so that a noisy neighbour sl
 * ``load:<backend>``: ``inferno.load(folder, backend)``, every check included (header, shapes, offsets,
   NaN/Inf), with the process's peak RSS against the bytes of weights the model holds;
 * ``base:<backend>``: the same with another copy of inferno (``--baseline DIR``), to compare versions.
+
+The Llama-family shapes (``qwen2.5-0.5b``, ``qwen2.5-1.5b``) are written as the Hub ships those models:
+BF16, in shards of at most 2 GB with a ``model.safetensors.index.json``, with the Qwen tokenizer the
+project's tests carry; ``read`` then reads every shard.
 
 Prints medians and the ratio of each load to the read. The folder is deleted at the end (``--keep`` to
 keep it). Needs free disk for the file (checked first) and memory for the weights.
@@ -41,6 +46,14 @@ SHAPES = {  # the Hub's GPT-2 family: (n_layer, n_embd, n_head)
     "xl": (48, 1600, 25),
 }
 VOCAB, POSITIONS = 50257, 1024
+#: The Llama family's shapes (the Hub's config.json of each, trimmed to what the maths needs).
+LLAMA_SHAPES = {
+    "qwen2.5-0.5b": {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+                     "num_attention_heads": 14, "num_key_value_heads": 2},
+    "qwen2.5-1.5b": {"hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28,
+                     "num_attention_heads": 12, "num_key_value_heads": 2},
+}
+SHARD_BYTES = 2 << 30
 
 
 def tensor_shapes(n_layer: int, c: int) -> dict[str, tuple[int, ...]]:
@@ -86,20 +99,87 @@ def write_checkpoint(folder: Path, shape: str, seed: int = 0) -> Path:
     return path
 
 
+def llama_config(shape: str) -> dict:
+    return {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "vocab_size": 151936,
+            "max_position_embeddings": 32768, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
+            "tie_word_embeddings": True, "torch_dtype": "bfloat16", **LLAMA_SHAPES[shape]}
+
+
+def llama_shapes(shape: str) -> dict[str, tuple[int, ...]]:
+    from inferno.models.llama import LlamaConfig, tensor_plan
+
+    return dict(tensor_plan(LlamaConfig.from_dict(llama_config(shape))).shapes)
+
+
+def write_llama_checkpoint(folder: Path, shape: str, seed: int = 0) -> list[Path]:
+    """config.json, the Qwen tokenizer and random BF16 shards with their index, as the Hub has them."""
+    import gzip
+
+    shapes = llama_shapes(shape)
+    shards: list[list[str]] = [[]]
+    size = 0
+    for name, s in shapes.items():
+        n = 2 * math.prod(s)
+        if shards[-1] and size + n > SHARD_BYTES:
+            shards.append([])
+            size = 0
+        shards[-1].append(name)
+        size += n
+    rng = np.random.default_rng(seed)
+    files, weight_map = [], {}
+    for k, names in enumerate(shards):
+        path = folder / f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
+        header, offset = {}, 0
+        for name in names:
+            n = 2 * math.prod(shapes[name])
+            header[name] = {"dtype": "BF16", "shape": list(shapes[name]),
+                            "data_offsets": [offset, offset + n]}
+            offset += n
+            weight_map[name] = path.name
+        raw = json.dumps(header, separators=(",", ":")).encode()
+        raw += b" " * (-len(raw) % 8)
+        with open(path, "wb") as f:
+            f.write(len(raw).to_bytes(8, "little") + raw)
+            for name in names:
+                a = rng.standard_normal(shapes[name], dtype=np.float32)
+                a *= 0.02
+                f.write((a.view(np.uint32) >> 16).astype(np.uint16).tobytes())  # BF16: the top halves
+        files.append(path)
+    total = sum(2 * math.prod(s) for s in shapes.values())
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    (folder / "config.json").write_text(json.dumps(llama_config(shape)))
+    data = Path(__file__).resolve().parent.parent / "tests" / "data" / "tokenizers" / "qwen3"
+    (folder / "tokenizer.json").write_bytes(gzip.decompress((data / "tokenizer.json.gz").read_bytes()))
+    shutil.copyfile(data / "tokenizer_config.json", folder / "tokenizer_config.json")
+    return files
+
+
 def peak_rss() -> int:
+    """This address space's peak RSS: VmHWM starts again at exec, while ru_maxrss keeps the peak of the
+    process before it (the parent that wrote the checkpoint, for a forked child)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kB on Linux
 
 
 def child(kind: str, folder: Path) -> dict:
     """One measurement, in this (fresh) process."""
     if kind == "read":
-        path = folder / "model.safetensors"
+        paths = sorted(folder.glob("*.safetensors"))
         start = time.perf_counter()
-        with open(path, "rb", buffering=0) as f:
-            buf = np.empty(os.fstat(f.fileno()).st_size, dtype=np.uint8)
-            view, done = memoryview(buf), 0
-            while done < len(view):
-                done += f.readinto(view[done:])
+        buf = np.empty(sum(p.stat().st_size for p in paths), dtype=np.uint8)
+        view, done = memoryview(buf), 0
+        for path in paths:
+            with open(path, "rb", buffering=0) as f:
+                end = done + os.fstat(f.fileno()).st_size
+                while done < end:
+                    done += f.readinto(view[done:end])
         return {"seconds": time.perf_counter() - start, "held": buf.nbytes, "peak_rss": peak_rss()}
     import inferno
 
@@ -142,7 +222,7 @@ def measure(kind: str, folder: Path, baseline: str | None = None) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shape", choices=list(SHAPES), default="xl")
+    parser.add_argument("--shape", choices=[*SHAPES, *LLAMA_SHAPES], default="xl")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--backends", default="numpy")
     parser.add_argument("--dir", help="where to write the checkpoint (default: a temporary folder in /tmp)")
@@ -155,8 +235,12 @@ def main() -> int:
         print(json.dumps(child(args.child[0], Path(args.child[1]))))
         return 0
 
-    n_layer, c, _ = SHAPES[args.shape]
-    need = 4 * sum(math.prod(s) for s in tensor_shapes(n_layer, c).values())
+    llama = args.shape in LLAMA_SHAPES
+    if llama:
+        need = 2 * sum(math.prod(s) for s in llama_shapes(args.shape).values())
+    else:
+        n_layer, c, _ = SHAPES[args.shape]
+        need = 4 * sum(math.prod(s) for s in tensor_shapes(n_layer, c).values())
     base = Path(args.dir or tempfile.gettempdir())
     free = shutil.disk_usage(base).free
     if free < need * 1.1:
@@ -166,9 +250,13 @@ def main() -> int:
     folder = Path(tempfile.mkdtemp(prefix="inferno-load-bench-", dir=base))
     try:
         start = time.perf_counter()
-        path = write_checkpoint(folder, args.shape)
-        print(f"wrote {path} ({path.stat().st_size / 1e9:.2f} GB, GPT-2 {args.shape} shape) in "
-              f"{time.perf_counter() - start:.0f} s", flush=True)
+        if llama:
+            paths = write_llama_checkpoint(folder, args.shape)
+        else:
+            paths = [write_checkpoint(folder, args.shape)]
+        print(f"wrote {len(paths)} file(s) in {folder} ({sum(p.stat().st_size for p in paths) / 1e9:.2f} GB, "
+              f"{'Qwen2.5' if llama else 'GPT-2'} {args.shape} shape) in {time.perf_counter() - start:.0f} s",
+              flush=True)
         kinds = ["read", *(f"load:{b}" for b in args.backends.split(","))]
         if args.baseline:
             kinds += [f"base:{b}" for b in args.backends.split(",")]
