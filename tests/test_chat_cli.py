@@ -1,6 +1,7 @@
 """`inferno chat` (#41): messages piped on stdin, each rendered with the model's own chat template over the
 whole history (checked against the template rendered here, with the replies generation gives), /reset,
-/exit, --system, --chat-template FILE, and exit 2 for a model without a template."""
+/exit, --system, --chat-template FILE, and exit 2 for a model without a template; and on a pseudo-terminal,
+the prompt, readline's history and Ctrl-D."""
 
 from __future__ import annotations
 
@@ -94,3 +95,64 @@ def test_unknown_commands_and_bad_flags(model, monkeypatch, capsys):
     with pytest.raises(SystemExit) as info:
         in_process(monkeypatch, capsys, ["-m", str(model), "--top-p", "2"], "")
     assert info.value.code == 2 and "--top-p" in capsys.readouterr().err
+
+
+def test_on_a_terminal_replies_stream_the_up_arrow_recalls_and_ctrl_d_quits(model):
+    # A real pseudo-terminal, as a user's shell gives it: the banner and the ">>> " prompt, readline's
+    # history (the up arrow sends the last line again), /reset, and Ctrl-D at the prompt ends with exit 0.
+    pty = pytest.importorskip("pty")
+    import select
+    import time
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONIOENCODING": "utf-8", "TERM": "xterm"}
+    env.pop("INFERNO_BACKEND", None)
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: inferno chat on the terminal's other side
+        os.execve(sys.executable, [sys.executable, "-m", "inferno", "chat", "-m", str(model), "-n", "4",
+                                   "--show-prompt"], env)
+    seen = bytearray()
+
+    def until(text: str, count: int = 1, timeout: float = 90) -> str:
+        deadline = time.monotonic() + timeout
+        while seen.decode("utf-8", "replace").count(text) < count:
+            left = deadline - time.monotonic()
+            assert left > 0, f"no {text!r} (x{count}) in {seen.decode('utf-8', 'replace')!r}"
+            if select.select([fd], [], [], left)[0]:
+                try:
+                    chunk = os.read(fd, 4096)
+                except OSError:  # the child has gone
+                    chunk = b""
+                assert chunk, f"the chat ended early: {seen.decode('utf-8', 'replace')!r}"
+                seen.extend(chunk)
+        return seen.decode("utf-8", "replace").replace("\r\n", "\n")
+
+    try:
+        until(">>> ")
+        assert "inferno chat: " in until(">>> ") and "/reset clears the history" in until(">>> ")
+        os.write(fd, b"Hello there\r")
+        until(">>> ", 2)
+        os.write(fd, b"\x1b[A\r")  # the up arrow: the same line again
+        out = until(">>> ", 3)
+        prompts = [text for _, text in BLOCK.findall(out)]
+        assert len(prompts) == 2, out
+        assert prompts[1].count("Hello there") == 2 and prompts[0].count("Hello there") == 1
+        os.write(fd, b"/reset\r")
+        assert "history cleared" in until(">>> ", 4)
+        os.write(fd, b"\x04")  # Ctrl-D at the prompt
+        deadline = time.monotonic() + 30
+        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0:
+            assert time.monotonic() < deadline, "Ctrl-D did not end the chat"
+            with_output = select.select([fd], [], [], 0.2)[0]
+            if with_output:
+                try:
+                    os.read(fd, 4096)
+                except OSError:
+                    pass
+        assert os.waitstatus_to_exitcode(done[1]) == 0
+    finally:
+        try:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+        os.close(fd)

@@ -7,13 +7,15 @@
 Each line you type is a user message; the whole conversation so far (the `--system` message, then every
 turn) is rendered with the model's own chat template (its tokenizer_config.json or chat_template.jinja,
 or ``--chat-template FILE``, as `inferno serve` takes it) and the reply streams as it is generated.
-``/reset`` clears the history, ``/exit`` (or Ctrl-D) quits; Ctrl-C stops a reply, and at the prompt
+On a terminal the prompt has line editing and the up arrow recalls earlier lines (readline, where Python
+has it). ``/reset`` clears the history, ``/exit`` (or Ctrl-D) quits; Ctrl-C stops a reply, and at the prompt
 quits. A model without a chat template (GPT-2) is refused (exit 2) unless ``--chat-template`` is given.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import sys
 from collections.abc import Sequence
@@ -187,6 +189,8 @@ def run(argv: Sequence[str]) -> int:
     chat = Chat(pipe, template, _options(args, eos), args.max_new_tokens, args.system, args.show_prompt)
     interactive = sys.stdin.isatty()
     if interactive:
+        with contextlib.suppress(ImportError):  # line editing and the up arrow's history for input()
+            import readline  # noqa: F401
         print(f"inferno chat: {args.model_dir or 'gpt2'} on {pipe.backend.name}; {COMMANDS}", file=sys.stderr)
     try:
         for line in _lines(interactive):
