@@ -95,6 +95,7 @@ class BackendResult:
     prefill_s: list[float] = field(default_factory=list)
     decode_s: list[float] = field(default_factory=list)
     error: str | None = None
+    runs_on: str = ""  # what executes its kernels here (the backend's `runs_on`, as `inferno backends` says)
 
     def median(self, which: str) -> float | None:
         values = self.prefill_s if which == "prefill" else self.decode_s
@@ -207,7 +208,7 @@ def _run(request: BenchRequest, backends: dict[str, Any], progress: BenchProgres
     ids = prompt_ids(request.prompt_tokens, config.vocab_size, request.seed)
     warm_ids = ids[: min(8, len(ids))]
 
-    results = [BackendResult(spec) for spec in request.specs]
+    results = [BackendResult(spec, runs_on=_runs_on(backends[spec])) for spec in request.specs]
     models: dict[str, Any] = {}
     layouts: dict[tuple[str, ...], dict[str, np.ndarray]] = {}
     for r in results:
@@ -237,6 +238,13 @@ def _run(request: BenchRequest, backends: dict[str, Any], progress: BenchProgres
     return _report(request, config, source, results)
 
 
+def _runs_on(backend: Any) -> str:
+    try:
+        return str(type(backend).runs_on())
+    except Exception:  # noqa: BLE001 - a plugin's description must not sink the measurement
+        return ""
+
+
 def _report(request: BenchRequest, config: Any, source: str, results: list[BackendResult]) -> dict:
     from inferno.cpu import usable_cores
     from inferno.models.families import family_of
@@ -247,7 +255,8 @@ def _report(request: BenchRequest, config: Any, source: str, results: list[Backe
     rows = []
     for r in results:
         prefill, decode = r.median("prefill"), r.median("decode")
-        row: dict[str, Any] = {"backend": r.spec, "status": "ok" if r.error is None else "failed"}
+        row: dict[str, Any] = {"backend": r.spec, "status": "ok" if r.error is None else "failed",
+                               "runs_on": r.runs_on}
         if r.error is not None:
             row["error"] = r.error
         if prefill is not None:
@@ -316,6 +325,9 @@ def format_table(report: dict[str, Any]) -> str:
     for r in table:
         cells = [r[0].ljust(widths[0])] + [r[i].rjust(widths[i]) for i in range(1, len(header))]
         lines.append("  ".join(cells).rstrip())
+    paths = [f"  {row['backend']}: {row['runs_on']}" for row in report["results"] if row.get("runs_on")]
+    if paths:
+        lines += ["", "runs on:", *paths]
     for row in report["results"]:
         if row.get("error"):
             lines.append(f"{row['backend']} failed: {row['error']}")

@@ -61,10 +61,14 @@ def test_table_with_ratios_against_numpy(capsys, model_dir):
     assert "median of 2" in lines[0]
     header = lines[2].split()
     assert header[:3] == ["backend", "prefill", "tok/s"]
-    rows = {line.split()[0]: line for line in lines[3:]}
+    end = lines.index("", 3)
+    rows = {line.split()[0]: line for line in lines[3:end]}
     assert set(rows) == {"numpy", "cpu-threaded:threads=2"}  # numpy is measured even when not named
     assert rows["numpy"].split()[-3:] == ["1.00x", "1.00x", "1.00x"]
     assert all(cell.endswith("x") for cell in rows["cpu-threaded:threads=2"].split()[-3:])
+    # What ran each backend's kernels, as `inferno backends` says it.
+    assert lines[end + 1 :] == ["runs on:", "  numpy: NumPy + BLAS",
+                                "  cpu-threaded:threads=2: NumPy + BLAS, a thread pool"]
     # Progress goes to stderr, one line per step when it is not a terminal.
     assert "inferno bench: loading numpy" in err
     assert "inferno bench: round 2/2: cpu-threaded:threads=2 (prompt 6, 3 new tokens)" in err
@@ -83,6 +87,8 @@ def test_json_report(capsys, model_dir):
     assert report["machine"]["usable_cores"] >= 1
     rows = {r["backend"]: r for r in report["results"]}
     assert list(rows) == ["numpy", "cpu-threaded"]
+    assert (rows["numpy"]["runs_on"], rows["cpu-threaded"]["runs_on"]) == ("NumPy + BLAS",
+                                                                         "NumPy + BLAS, a thread pool")
     for row in rows.values():
         assert row["status"] == "ok" and row["samples"] == 2
         assert row["prefill_tokens_per_second"] > 0 and row["decode_tokens_per_second"] > 0
