@@ -1300,12 +1300,14 @@ X512 static void attend_tile512(const float *qp, const float *kt, int64_t lk, co
 /* Causal attention of a long prompt (AVX-512, d a multiple of 16): as attend_all's arguments, in tiles of
    QT queries of one head, each tile a few register-blocked products instead of QT dot-product loops.
    Returns 0, or -1 out of memory (then nothing is computed). */
-static int attend_blocked(int64_t b, int64_t h, int64_t t, int64_t d, const float *q, int64_t q_s, int64_t q_h,
-                          int64_t q_t, const float *k, const float *v, int64_t l, int64_t offset, float *out,
-                          int64_t o_s, int64_t o_h, int64_t o_t, int threads) {
+static int attend_blocked(int64_t b, int64_t h, int64_t hkv, int64_t t, int64_t d, const float *q, int64_t q_s,
+                          int64_t q_h, int64_t q_t, const float *k, const float *v, int64_t l, int64_t offset,
+                          float *out, int64_t o_s, int64_t o_h, int64_t o_t, int threads) {
 #if HAVE_X86
-    int64_t keys = offset + t, lk = (keys + 15) / 16 * 16, tiles = (t + QT - 1) / QT;
-    float *kt = calloc((size_t)(b * h * d * lk), sizeof(float));
+    /* hkv key/value heads (h a multiple of it): query head `head` reads kv head head / (h / hkv), whose
+       keys are transposed once for the whole group. */
+    int64_t keys = offset + t, lk = (keys + 15) / 16 * 16, tiles = (t + QT - 1) / QT, group = h / hkv;
+    float *kt = calloc((size_t)(b * hkv * d * lk), sizeof(float));
     if (!kt) return -1;
     float scale = 1.0f / sqrtf((float)d);
     int failed = 0;
@@ -1319,7 +1321,7 @@ static int attend_blocked(int64_t b, int64_t h, int64_t t, int64_t d, const floa
 #ifdef _OPENMP
 #pragma omp for schedule(static)
 #endif
-        for (int64_t bh = 0; bh < b * h; bh++) {
+        for (int64_t bh = 0; bh < b * hkv; bh++) {
             const float *kh = k + bh * l * d;
             float *dst = kt + bh * d * lk;
             for (int64_t j = 0; j < keys; j++)
@@ -1331,13 +1333,14 @@ static int attend_blocked(int64_t b, int64_t h, int64_t t, int64_t d, const floa
         for (int64_t item = 0; item < b * h * tiles; item++) {
             if (!scratch) continue;
             int64_t bh = item / tiles, tile = tiles - 1 - item % tiles, seq = bh / h, head = bh % h;
+            int64_t kv = seq * hkv + head / group;  /* its key/value head */
             int64_t i0 = tile * QT;
             int mr = (int)(t - i0 < QT ? t - i0 : QT);
             float *s = scratch, *pt = scratch + QT * lk, *qp = pt + QT * lk;
             for (int64_t c = 0; c < d; c++)
                 for (int r = 0; r < QT; r++)
                     qp[c * QT + r] = r < mr ? q[seq * q_s + head * q_h + (i0 + r) * q_t + c] : 0.0f;
-            attend_tile512(qp, kt + bh * d * lk, lk, v + bh * l * d, d, offset + i0 + 1, mr, scale, s, pt,
+            attend_tile512(qp, kt + kv * d * lk, lk, v + kv * l * d, d, offset + i0 + 1, mr, scale, s, pt,
                            out + seq * o_s + head * o_h + i0 * o_t, o_t);
         }
         free(scratch);
@@ -1345,7 +1348,8 @@ static int attend_blocked(int64_t b, int64_t h, int64_t t, int64_t d, const floa
     free(kt);
     return failed ? -1 : 0;
 #else
-    (void)b; (void)h; (void)t; (void)d; (void)q; (void)q_s; (void)q_h; (void)q_t; (void)k; (void)v; (void)l;
+    (void)b; (void)h; (void)hkv; (void)t; (void)d; (void)q; (void)q_s; (void)q_h; (void)q_t; (void)k; (void)v;
+    (void)l;
     (void)offset; (void)out; (void)o_s; (void)o_h; (void)o_t; (void)threads;
     return -1;
 #endif
@@ -1371,7 +1375,7 @@ static int qkv_attention(const float *qkv, int64_t b, int64_t t, int64_t h, int6
                 memcpy(v + at, row + 2 * c, sizeof(float) * (size_t)d);
             }
     if (t > BLOCKED_QUERIES && d % 16 == 0 && simd_path() == PATH_AVX512
-        && !attend_blocked(b, h, t, d, qkv, t * 3 * c, d, 3 * c, k, v, l, offset, out, t * c, d, c, threads))
+        && !attend_blocked(b, h, h, t, d, qkv, t * 3 * c, d, 3 * c, k, v, l, offset, out, t * c, d, c, threads))
         return 0;
     attend_all(b, h, h, t, d, qkv, t * 3 * c, d, 3 * c, k, v, l, offset, out, t * c, d, c, threads);
     return 0;
@@ -1807,8 +1811,12 @@ static PyObject *py_attention(PyObject *self, PyObject *const *a, Py_ssize_t na)
         NOT_TAKEN;
     int64_t l = k->shape[2];
     Py_BEGIN_ALLOW_THREADS
-    attend_all(b, hd, hkv, t, d, q->buf, hd * t * d, t * d, d, k->buf, v->buf, l, offset, out->buf, hd * t * d,
-               t * d, d, (int)threads);
+    /* A long prompt attends in tiles of queries on the AVX-512 path (as the fused block does). */
+    if (!(t > BLOCKED_QUERIES && d % 16 == 0 && simd_path() == PATH_AVX512
+          && !attend_blocked(b, hd, hkv, t, d, q->buf, hd * t * d, t * d, d, k->buf, v->buf, l, offset, out->buf,
+                             hd * t * d, t * d, d, (int)threads)))
+        attend_all(b, hd, hkv, t, d, q->buf, hd * t * d, t * d, d, k->buf, v->buf, l, offset, out->buf,
+                   hd * t * d, t * d, d, (int)threads);
     Py_END_ALLOW_THREADS
     release(&h);
     Py_RETURN_TRUE;

@@ -264,6 +264,13 @@ def quantize_blocks(x: np.ndarray) -> np.ndarray:
     return out.reshape(m, kp)[:, :k]
 
 
+def _in_c(q: np.ndarray) -> bool:
+    """Whether the attention of queries q [B, H, T, D] runs in C: a few queries a sequence always (one at a
+    time), a long prompt on the AVX-512 path in tiles of queries (D a multiple of 16); else NumPy's batched
+    matmuls (BLAS) do it faster."""
+    return _KERNELS is not None and (q.shape[2] <= SMALL_M or (_KERNELS.simd() == 2 and q.shape[3] % 16 == 0))
+
+
 class HalfBackend(NumpyBackend):
     name = "half"
     description = ("16-bit weights (dtype=float16|bfloat16) or 8-bit ones (dtype=int8), float32 activations "
@@ -361,7 +368,7 @@ class HalfBackend(NumpyBackend):
         return super().layernorm(x, gamma, beta, eps)
 
     def attention(self, q, k_cache, v_cache, offset):
-        if _KERNELS is not None and q.shape[2] <= SMALL_M:
+        if _in_c(q):
             # A few queries (decode): one C call instead of NumPy's stacked matmuls and softmax, whose
             # calls cost more than the work at one token (docs/benchmarks.md).
             q = _f32(q)
@@ -450,7 +457,7 @@ class HalfBackend(NumpyBackend):
         return super().silu_mul(gate, up)
 
     def gqa_attention(self, q, k_cache, v_cache, offset):
-        if _KERNELS is not None and q.shape[2] <= SMALL_M:
+        if _in_c(q):
             # As `attention`: one C call, each query head reading its group's key/value head in place.
             q = _f32(q)
             out = np.empty_like(q)

@@ -150,15 +150,34 @@ def test_gqa_attention_is_one_c_call_over_the_groups(simd, no_defaults, monkeypa
     assert counting.calls == ["attention"]
 
 
-def test_gqa_attention_of_a_long_prompt_is_numpys_batched_matmul(monkeypatch):
-    # Beyond SMALL_M queries the C kernel (one query at a time) gives way to BLAS: NumPy's own gqa_attention,
-    # one matmul over the groups, not the base class's attention per group member.
+@pytest.mark.parametrize(("h", "kv", "d", "offset"), [
+    (9, 3, 64, 0),      # SmolLM2's heads, a fresh prompt
+    (14, 2, 64, 37),    # Qwen2.5-0.5B's, after a cached prefix
+    (6, 6, 16, 5),      # ratio 1
+    (8, 1, 32, 0),      # ratio 8
+    (6, 2, 24, 3),      # a head size that is not a multiple of 16: no tiles
+])
+def test_gqa_attention_of_a_long_prompt(simd, monkeypatch, h, kv, d, offset):
+    # Beyond SMALL_M queries: in tiles of queries in C on the AVX-512 path (head sizes a multiple of 16),
+    # else NumPy's own gqa_attention (one batched matmul over the groups, BLAS), never the base class's
+    # attention per group member.
     monkeypatch.setattr(Backend, "gqa_attention", lambda *a: (_ for _ in ()).throw(AssertionError("default")))
-    rng = np.random.default_rng(2)
-    t = hb.SMALL_M + 6
-    q = rng.standard_normal((1, 6, t, 16)).astype(np.float32)
-    k, v = (rng.standard_normal((1, 2, t, 16)).astype(np.float32) for _ in range(2))
-    close(HalfBackend().gqa_attention(q, k, v, 0), ref.gqa_attention(q, k, v, 0), rtol=2e-5)
+    tiles = simd == "avx512" and d % 16 == 0
+    if tiles:  # NumPy's must not run: the C kernel does it all
+        monkeypatch.setattr(NumpyBackend, "gqa_attention",
+                            lambda *a: (_ for _ in ()).throw(AssertionError("numpy's")))
+    counting = _Counting(hb._KERNELS)
+    monkeypatch.setattr(hb, "_KERNELS", counting)
+    rng = np.random.default_rng(h * 100 + d + offset)
+    t = hb.SMALL_M + 37
+    s = offset + t
+    q = rng.standard_normal((2, h, t, d)).astype(np.float32)
+    k, v = (rng.standard_normal((2, kv, s + 5, d)).astype(np.float32) for _ in range(2))
+    k[:, :, s:] = np.nan  # past the valid positions: never read
+    v[:, :, s:] = np.nan
+    got = HalfBackend(threads=2).gqa_attention(q, k, v, offset)
+    close(got, ref.gqa_attention(q, k[:, :, :s], v[:, :, :s], offset), rtol=2e-5)
+    assert [c for c in counting.calls if c != "simd"] == (["attention"] if tiles else [])
 
 
 # Arguments of each new C function, and changes it must decline (False, computing nothing): the wrong
