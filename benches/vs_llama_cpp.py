@@ -34,7 +34,7 @@ capped at 2048 so that 16 KV slots fit in memory, tokenizer files), converted wi
 convert_hf_to_gguf.py to an f16 GGUF (the same values) and llama-quantize'd to q8_0 and q4_0; inferno
 loads the folder and quantizes at load (half:dtype=int8: one scale per output row). SmolLM2's tokenizer
 is GPT-2's cut to 49,152 tokens (GPT-2-style byte-level BPE, as SmolLM2's), Qwen2.5's is Qwen3's
-(/work/shared/tokenizers/qwen3, the same regex); speed does not depend on the tokens.
+(the copy under tests/data/tokenizers/qwen3, the same regex); speed does not depend on the tokens.
 
 Building llama.cpp (the vendored tree of llama-cpp-python 0.3.36; its AMX path crashes here, and
 GGML_NATIVE's -march=native turns AMX on whatever GGML_AMX_* say, hence the -mno-amx-* flags):
@@ -126,14 +126,19 @@ def make_folder(shape: str, work: Path, seed: int = 0) -> Path:
     config = dict(SHAPES[shape], transformers_version="4.46.0")
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     if shape == "smollm2-135m":
-        tok = gpt2_tokenizer_cut(config["vocab_size"], Path("/work/shared/gpt2/tokenizer.json"))
+        from inferno.models.resolve import shipped_gpt2_file
+
+        tok = gpt2_tokenizer_cut(config["vocab_size"], Path(shipped_gpt2_file("tokenizer.json")))
         (folder / "tokenizer.json").write_text(json.dumps(tok))
         (folder / "tokenizer_config.json").write_text(json.dumps({
             "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|endoftext|>",
             "eos_token": "<|endoftext|>", "add_prefix_space": False, "model_max_length": CONTEXT}))
     else:
-        for name in ("tokenizer.json", "tokenizer_config.json"):
-            shutil.copy(Path("/work/shared/tokenizers/qwen3") / name, folder / name)
+        import gzip
+
+        qwen3 = Path(__file__).resolve().parent.parent / "tests" / "data" / "tokenizers" / "qwen3"
+        (folder / "tokenizer.json").write_bytes(gzip.decompress((qwen3 / "tokenizer.json.gz").read_bytes()))
+        shutil.copy(qwen3 / "tokenizer_config.json", folder / "tokenizer_config.json")
     (folder / "generation_config.json").write_text(json.dumps(
         {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]}))
     sd = llama_state_dict(config, seed)
