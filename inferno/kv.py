@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
+
 from inferno.backends.base import Array, RaggedRow
 
 
@@ -66,6 +68,24 @@ def new_cache(kernels, config: CacheShape, batch: int = 1, capacity: int | None 
     c = config
     layers = [kernels.new_kv_cache(batch, c.n_kv_head, capacity, c.head_dim) for _ in range(c.n_layer)]
     return KvCache(layers, capacity)
+
+
+def forward_start(model, ids, cache: KvCache | None, last: int | None,
+                  all_logits: bool) -> tuple[np.ndarray, KvCache, int, int]:
+    """What a model's `forward` starts from: `ids` as [B, T] int64, the cache it appends to (without one,
+    `model.new_cache` of T positions), the offset it writes at, and how many of the last positions it
+    keeps for the logits. ValueError for a `last` outside 1 .. T, or positions past the cache or context."""
+    ids = np.atleast_2d(np.asarray(ids, dtype=np.int64))
+    t = ids.shape[1]
+    if last is not None and not 1 <= last <= t:
+        raise ValueError(f"logits of the last {last} positions asked of {t} positions")
+    if cache is None:
+        cache = model.new_cache(ids.shape[0], t)
+    offset, context = cache.length, model.config.n_positions
+    if offset + t > min(cache.capacity, context):
+        raise ValueError(f"{offset + t} positions do not fit a KV cache of {cache.capacity} "
+                         f"and a context of {context}")
+    return ids, cache, offset, t if all_logits else (last or 1)
 
 
 def new_slots(kernels, config: CacheShape, n_slots: int) -> KvSlots:

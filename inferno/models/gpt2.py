@@ -18,7 +18,16 @@ import numpy as np
 
 from inferno.backends.base import Array, Backend
 from inferno.backends.checked import CheckedBackend, NonFiniteLogitsError  # noqa: F401 - raised from here
-from inferno.kv import KvCache, KvSlots, last_tokens, new_cache, new_slots, pack_rows, slot_bytes  # noqa: F401
+from inferno.kv import (  # noqa: F401
+    KvCache,
+    KvSlots,
+    forward_start,
+    last_tokens,
+    new_cache,
+    new_slots,
+    pack_rows,
+    slot_bytes,
+)
 from inferno.models import weights
 from inferno.models.config import Gpt2Config
 
@@ -134,18 +143,9 @@ class Gpt2:
         """Run `ids` ([B, T] ints, or [T]) through the model, appending them to `cache` (without one, a
         temporary cache of T positions). Logits [B, V] of the last position (generation), [B, last, V]
         (scoring), or [B, T, V] with `all_logits`."""
-        be, c = self.kernels.kernels("forward"), self.config
-        ids = np.atleast_2d(np.asarray(ids, dtype=np.int64))
+        be = self.kernels.kernels("forward")
+        ids, cache, offset, keep = forward_start(self, ids, cache, last, all_logits)
         t = ids.shape[1]
-        if last is not None and not 1 <= last <= t:
-            raise ValueError(f"logits of the last {last} positions asked of {t} positions")
-        keep = t if all_logits else (last or 1)
-        if cache is None:
-            cache = self.new_cache(ids.shape[0], t)
-        offset = cache.length
-        if offset + t > min(cache.capacity, c.n_positions):
-            raise ValueError(f"{offset + t} positions do not fit a KV cache of {cache.capacity} "
-                             f"and a context of {c.n_positions}")
 
         def attend(i: int, blk: Block, h: Array) -> Array:
             return self.attention_layer(be, i, h, cache, offset)

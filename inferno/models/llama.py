@@ -27,7 +27,7 @@ import numpy as np
 
 from inferno.backends.base import Array, Backend
 from inferno.backends.checked import CheckedBackend
-from inferno.kv import KvCache, KvSlots, last_tokens, new_cache, new_slots, pack_rows
+from inferno.kv import KvCache, KvSlots, forward_start, last_tokens, new_cache, new_slots, pack_rows
 from inferno.models.config import ConfigError, read_config_json
 from inferno.models.weights import TensorInfo, TensorPlan, iter_planned, plan_problems
 
@@ -490,20 +490,9 @@ class Llama:
     def forward(self, ids: np.ndarray, cache: KvCache | None = None, *, all_logits: bool = False,
                 last: int | None = None) -> Array:
         """As `Gpt2.forward`: logits [B, V] of the last position, [B, last, V] or [B, T, V]."""
-        be, c = self.kernels.kernels("forward"), self.config
-        ids = np.asarray(ids, dtype=np.int64)
-        if ids.ndim == 1:
-            ids = ids[None, :]
+        be = self.kernels.kernels("forward")
+        ids, cache, offset, keep = forward_start(self, ids, cache, last, all_logits)
         t = ids.shape[1]
-        if last is not None and not 1 <= last <= t:
-            raise ValueError(f"logits of the last {last} positions asked of {t} positions")
-        keep = t if all_logits else (last or 1)
-        if cache is None:
-            cache = self.new_cache(ids.shape[0], t)
-        offset = cache.length
-        if offset + t > min(cache.capacity, c.n_positions):
-            raise ValueError(f"{offset + t} positions do not fit a KV cache of {cache.capacity} "
-                             f"and a context of {c.n_positions}")
         cos, sin = self.rotary(be, np.arange(offset, offset + t))
 
         def attend(i: int, blk: Block, h: Array) -> Array:
