@@ -262,16 +262,6 @@ def inferno_batched(model, prompt: int, new: int) -> float:
     return SEQS * (new - 1) / seconds
 
 
-def read_bandwidth(buffer: np.ndarray, pool: ThreadPoolExecutor, threads: int, reads: int = 3) -> float:
-    """Bytes per second reading `buffer` on `threads` threads (NumPy's max releases the GIL); best of 3."""
-    chunks = np.array_split(buffer, threads * 8)
-    best = 0.0
-    for _ in range(reads):
-        start = time.perf_counter()
-        list(pool.map(np.max, chunks))
-        best = max(best, buffer.nbytes / (time.perf_counter() - start))
-    return best
-
 
 def bytes_per_step(model) -> int:
     """Bytes of weights a batch-1 decode step reads (each weight as held, the tied embedding once: as the
@@ -380,6 +370,8 @@ def main(argv: list[str] | None = None) -> int:
     START["bins"] = str(args.llama_cpp)
     if args.serve:
         return serve_main(args, specs[0])
+    from inferno.bench import read_bandwidth
+
     buffer = np.ones(2**30 // 4, dtype=np.float32)
     pool = ThreadPoolExecutor(args.threads)
     for shape in args.shapes.split(","):

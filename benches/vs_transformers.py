@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from inferno.backends.registry import get_backend
-from inferno.bench import GPT2_124M, prompt_ids, random_weights
+from inferno.bench import GPT2_124M, prompt_ids, random_weights, read_bandwidth
 from inferno.generate import generate_tokens
 from inferno.models.gpt2 import Gpt2
 
@@ -53,17 +53,6 @@ PAUSE = 0.3  # seconds of rest before each timed run
 def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
-
-def read_bandwidth(buffer: np.ndarray, pool: ThreadPoolExecutor, threads: int, reads: int = 3) -> float:
-    """Bytes per second reading `buffer`, split across `threads` (NumPy's max releases the GIL); the best
-    of `reads` back-to-back reads, so that a neighbour's momentary burst does not lower the floor."""
-    chunks = np.array_split(buffer, threads * 8)
-    best = 0.0
-    for _ in range(reads):
-        start = time.perf_counter()
-        list(pool.map(np.max, chunks))
-        best = max(best, buffer.nbytes / (time.perf_counter() - start))
-    return best
 
 
 def write_model_dir(directory: Path, weights: dict[str, np.ndarray]) -> Path:

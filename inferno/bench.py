@@ -86,6 +86,18 @@ def time_decode(model: Any, ids: Sequence[int], steps: int) -> float:
     return (time.perf_counter() - start) / steps
 
 
+def read_bandwidth(buffer: np.ndarray, pool: Any, threads: int, reads: int = 3) -> float:
+    """Bytes per second reading `buffer`, split across `threads` of `pool` (a ThreadPoolExecutor; NumPy's
+    max releases the GIL): the best of `reads` back-to-back reads, so that a neighbour's momentary burst
+    does not lower the floor. (A sum would be compute bound on one core; max is not.)"""
+    chunks = np.array_split(buffer, threads * 8)
+    best = 0.0
+    for _ in range(reads):
+        start = time.perf_counter()
+        list(pool.map(np.max, chunks))
+        best = max(best, buffer.nbytes / (time.perf_counter() - start))
+    return best
+
 # ------------------------------------------------------------------------------------------ the run
 
 
