@@ -245,21 +245,7 @@ class Gpt2Config:
 
     @classmethod
     def _from_file(cls, path: str | os.PathLike[str]) -> Gpt2Config:
-        source = os.fspath(path)
-        try:
-            # A regular file of at most 1 MiB: a FIFO or a link to /dev/zero must not hang or fill memory.
-            raw = read_regular_file(path, MAX_CONFIG_BYTES, "a config.json")
-        except FileNotFoundError:
-            raise ConfigError(source, ["file not found"]) from None
-        except IsADirectoryError:
-            raise ConfigError(source, ["is a directory, expected a config.json file"]) from None
-        except OSError as e:
-            raise ConfigError(source, [f"cannot read file: {e.strerror or e}"]) from None
-        try:
-            text = raw.decode("utf-8-sig")
-        except UnicodeDecodeError as e:
-            raise ConfigError(source, [f"not UTF-8 text ({e.reason} at byte {e.start})"]) from None
-        return cls.from_dict(parse_json(text, source, ConfigError), source=source)
+        return cls.from_dict(read_config_json(path, "GPT-2"), source=os.fspath(path))
 
 
 def read_config_json(path: str | os.PathLike[str], family: str = "model") -> dict[str, Any]:
