@@ -20,6 +20,11 @@ from inferno.testing import small_config, spread_state_dict, write_config, write
 # with this (read when Ray is imported) every Ray process listens on 127.0.0.1 only.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# Serve's controller gives a new HTTP proxy 5 s to say it is ready, then kills it; on a busy CI machine
+# (two test lanes on 2 cores) its imports alone took longer, and `serve run` failed with ActorDiedError.
+# Ray's processes inherit these from this process's environment (read when Serve is imported there).
+os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
+os.environ.setdefault("RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S", "30")
 
 ROOT = Path(__file__).resolve().parents[2]
 
