@@ -23,6 +23,10 @@ weights: the logits of a prompt of 8 tokens and the 256 tokens float32 generates
 argmax is float32's), and the backend's own free-running greedy run (how many of the 256 tokens match
 before the first difference).
 
+`--simulate q4_0 q4_1` adds, to `--accuracy`, float32 `numpy` on weights rounded by a 4-bit scheme and
+back (the matrices only: weight-only error, no quantized inputs): llama.cpp's q4_0 (a scale per block of
+32, symmetric: `half:dtype=q4`'s) and q4_1 (a scale and a minimum per block), to pick between them.
+
 `--xl` runs the GPT-2 XL shape (1.5B parameters): random weights written once to a safetensors file,
 then each backend in a fresh process that loads it as `inferno.load` does (streamed, one tensor at a
 time) and reports its peak RSS over the bytes of weights it holds, its batch-1 decode and its 16-sequence
@@ -128,6 +132,26 @@ def greedy(model: Gpt2, ids: list[int], steps: int) -> list[int]:
     return out
 
 
+def simulated(a: np.ndarray, scheme: str) -> np.ndarray:
+    """[out, in] float32 rounded by `scheme` (q4_0 or q4_1, blocks of 32 inputs, float16 scales) and back."""
+    n, k = a.shape
+    blocks = np.zeros((n, -(-k // 32) * 32), np.float32)
+    blocks[:, :k] = a
+    blocks = blocks.reshape(n, -1, 32)
+    if scheme == "q4_0":
+        from inferno_half.q4 import quantize_q4
+
+        q, s = quantize_q4(blocks.reshape(n, -1))
+        out = q.reshape(blocks.shape) * s.astype(np.float32)[..., None]
+    else:  # q4_1: 16 levels from the block's minimum to its maximum
+        lo, hi = blocks.min(axis=2, keepdims=True), blocks.max(axis=2, keepdims=True)
+        d = ((hi - lo) / 15).astype(np.float16).astype(np.float32)
+        m = lo.astype(np.float16).astype(np.float32)
+        q = np.clip(np.rint((blocks - m) / np.where(d > 0, d, 1)), 0, 15)
+        out = q * d + m
+    return out.reshape(n, -1)[:, :k].astype(np.float32)
+
+
 def accuracy(models: dict[str, Gpt2], steps: int = 256) -> list[dict]:
     """Each model's logits and greedy tokens against the first one's (float32 `numpy`)."""
     prompt = prompt_ids(8, GPT2_124M.vocab_size)
@@ -223,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", metavar="FILE")
     p.add_argument("--accuracy", action="store_true", help="compare logits and greedy ids with float32 "
                    "instead of timing (the first backend is the reference: keep numpy first)")
+    p.add_argument("--simulate", nargs="*", default=[], choices=("q4_0", "q4_1"),
+                   help="with --accuracy: also numpy on weights rounded by these 4-bit schemes")
     p.add_argument("--cpu-time", action="store_true", help="time in process CPU seconds, BLAS on one "
                    "thread: give each backend one thread (e.g. half:threads=1); far less disturbed by "
                    "neighbours on a shared machine than wall time")
@@ -252,6 +278,12 @@ def main(argv: list[str] | None = None) -> int:
             continue
         host = {k: np.asarray(a, order=be.weight_order(k)) for k, a in weights.items()}
         models[spec] = Gpt2.from_weights(GPT2_124M, host, be)
+    for scheme in args.simulate if args.accuracy else ():
+        be = get_backend("numpy")
+        # Linear weights are [in, out] (Conv1D): blocks run along `in`, the first axis; wte is [out, in].
+        host = {k: simulated(a, scheme) if k == "wte.weight" else simulated(a.T, scheme).T if a.ndim == 2
+                and k != "wpe.weight" else a for k, a in weights.items()}
+        models[f"numpy, {scheme} weights (simulated)"] = Gpt2.from_weights(GPT2_124M, host, be)
     del weights
     if args.accuracy:
         rows = accuracy(models)

@@ -44,6 +44,8 @@ TOLERANCES: dict[str, Tolerance] = {
     "float32": Tolerance(1e-4, 1e-5),
     "float16": Tolerance(1e-2, 1e-2),
     "bfloat16": Tolerance(5e-2, 5e-2),
+    # 4-bit weights (half:dtype=q4), against a reference on the unrounded ones; see checks.py.
+    "q4": Tolerance(0.15, 0.15),
 }
 
 

@@ -32,7 +32,8 @@ class BuildWithFallback(build_ext):
 
 flags = ["/O2"] if sys.platform == "win32" else ["-O3", *OPENMP]
 setup(
-    ext_modules=[Extension("inferno_half._kernels", ["inferno_half/_kernels.c"], extra_compile_args=flags,
+    ext_modules=[Extension("inferno_half._kernels", ["inferno_half/_kernels.c"],
+                           depends=["inferno_half/_kernels_q4.h"], extra_compile_args=flags,
                            extra_link_args=OPENMP, optional=True)],
     cmdclass={"build_ext": BuildWithFallback},
 )

@@ -20,7 +20,8 @@
    The panels are split among OpenMP threads where the compiler supports OpenMP.
 
    Two 16-bit weight formats: IEEE float16 (FMT_F16) and bfloat16 (FMT_BF16, the top half of a float32);
-   int8 weights (FMT_I8) multiply int8-quantized inputs instead, see "int8 products" below.
+   int8 weights (FMT_I8) and 4-bit ones (FMT_Q4) multiply int8-quantized inputs instead, see "int8
+   products" below and "4-bit products" (_kernels_q4.h).
    Python calls the kernels through the functions at the end of this file, which take NumPy arrays. */
 
 #define PY_SSIZE_T_CLEAN
@@ -37,6 +38,7 @@
 #define FMT_F16 0
 #define FMT_BF16 1
 #define FMT_I8 2   /* int8, one float32 scale per output (see panel_elems and "int8 products") */
+#define FMT_Q4 3   /* 4-bit, a float16 scale per block of 32 inputs (see "4-bit products", _kernels_q4.h) */
 
 #define PANEL 32   /* outputs per panel */
 #define TASK 4     /* panels per thread task: 128 outputs */
@@ -89,8 +91,11 @@ static inline int64_t kpad(int64_t k) { return (k + QB - 1) / QB * QB; }
    kpad(k) inputs in groups of 4 ([kpad / 4][32 outputs][4 inputs]: the operand layout of VNNI's
    vpdpbusd, 4 inputs of one output in each 32-bit lane), then its 32 outputs' float32 scales (128 bytes:
    4 more rows of 32). */
-static inline int64_t panel_elems(int64_t k, int fmt) { return fmt == FMT_I8 ? (kpad(k) + 4) * PANEL : k * PANEL; }
-#define AT(w, e, fmt) ((const char *)(w) + (e) * ((fmt) == FMT_I8 ? 1 : 2))
+#define Q4_BLOCK (QB * PANEL / 2 + 2 * PANEL) /* a q4 panel's bytes per block of QB inputs: see _kernels_q4.h */
+static inline int64_t panel_elems(int64_t k, int fmt) {
+    return fmt == FMT_I8 ? (kpad(k) + 4) * PANEL : fmt == FMT_Q4 ? kpad(k) / QB * Q4_BLOCK : k * PANEL;
+}
+#define AT(w, e, fmt) ((const char *)(w) + (e) * ((fmt) >= FMT_I8 ? 1 : 2))
 #define PAN(w, e, fmt) ((const uint16_t *)AT(w, e, fmt))
 
 /* Where input i of output j (0 .. 31) of panel p sits, in elements. */
@@ -399,12 +404,12 @@ X86 static void widen32_x86(const uint16_t *src, float *out, int fmt) {
    y * scale + bias (+ 0 without a bias), 8 at a time. j0 is a panel's first output, so 8 outputs never
    straddle two panels (whose scales lie apart); masked loads and stores at the end of a row. */
 X86 static void finish_i8_x86(const uint16_t *w, int64_t k, float *y, int64_t rows, int64_t n, int64_t j0,
-                              int64_t j1, const float *b, int act) {
+                              int64_t j1, const float *b, int act, int scaled) {
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     for (int64_t r = 0; r < rows; r++)
         for (int64_t j = j0; j < j1; j += 8) {
             __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)min64(8, j1 - j)), lane);
-            __m256 s = _mm256_loadu_ps(scales_of(w, j / PANEL, k) + j % PANEL);
+            __m256 s = scaled ? _mm256_loadu_ps(scales_of(w, j / PANEL, k) + j % PANEL) : _mm256_set1_ps(1.0f);
             __m256 bv = b ? _mm256_maskload_ps(b + j, keep) : _mm256_setzero_ps();
             float *yr = y + r * n + j;
             __m256 v = _mm256_fmadd_ps(_mm256_maskload_ps(yr, keep), s, bv);
@@ -483,16 +488,18 @@ static void pack_rows(const float *x, int64_t m, int64_t k, const int64_t *sizes
             for (int64_t i = 0; i < k; i++) xp[r0 * k + i * sizes[t] + r] = x[(r0 + r) * k + i];
 }
 
-/* The end of an int8 product (see finish_i8_x86), on path `simd`. */
+/* The end of an int8 product (see finish_i8_x86), on path `simd`; of a q4 one (`scaled` 0: its scales
+   are inside the sums), bias and act only. */
 static void finish_i8(int simd, const uint16_t *w, int64_t k, float *y, int64_t rows, int64_t n, int64_t j0,
-                      int64_t j1, const float *b, int act) {
+                      int64_t j1, const float *b, int act, int scaled) {
 #if HAVE_X86
-    if (simd) { finish_i8_x86(w, k, y, rows, n, j0, j1, b, act); return; }
+    if (simd) { finish_i8_x86(w, k, y, rows, n, j0, j1, b, act, scaled); return; }
 #endif
     (void)simd;
     for (int64_t r = 0; r < rows; r++)
         for (int64_t j = j0; j < j1; j++) {
-            float v = y[r * n + j] * scales_of(w, j / PANEL, k)[j % PANEL] + (b ? b[j] : 0.0f);
+            float s = scaled ? scales_of(w, j / PANEL, k)[j % PANEL] : 1.0f;
+            float v = y[r * n + j] * s + (b ? b[j] : 0.0f);
             y[r * n + j] = act ? gelu_new(v) : v;
         }
 }
@@ -954,12 +961,14 @@ static int uses_amx(int simd, int64_t rows) {
     return simd == PATH_AVX512 && amx_min_rows > 0 && rows >= amx_min_rows && !amx_support()[0];
 }
 
-/* product() for an int8 weight: MC rows at a time, each chunk quantized (quantize_row), packed tile by tile
+#include "_kernels_q4.h" /* 4-bit products */
+
+/* product() for an int8 or q4 weight (fmt): MC rows at a time, each chunk quantized (quantize_row), packed tile by tile
    for the SIMD paths (AMX reads q as it is, its rows padded with zeros to whole tiles of 16, and d by
    tile), its panels
    split among the threads, then finish_i8. Returns 0, or -1 out of memory. */
-static int product_q8(const float *x, int64_t m, int64_t k, const uint16_t *w, int64_t n, const float *b,
-                      float *y, int threads, int act) {
+static int product_quant(const float *x, int64_t m, int64_t k, const uint16_t *w, int64_t n, const float *b,
+                      float *y, int threads, int act, int fmt) {
     int64_t count = (n + PANEL - 1) / PANEL, tasks = (count + TASK - 1) / TASK, sizes[MC];
     int64_t kp = kpad(k), kb = kp / QB, groups = kp / 4, mc0 = min64(m, MC), mq = (mc0 + 15) / 16 * 16;
     int simd = q8_path(simd_path());
@@ -970,8 +979,9 @@ static int product_q8(const float *x, int64_t m, int64_t k, const uint16_t *w, i
     int failed = !q || !d || !dp || !c || !cp || !xg;
     (void)threads;
     for (int64_t m0 = 0; m0 < m && !failed; m0 += MC) {
-        int64_t mc = min64(MC, m - m0), tiles = q8_plan(simd, mc, sizes), pad = (mc + 15) / 16 * 16;
-        int amx = uses_amx(simd, mc);
+        int64_t mc = min64(MC, m - m0), pad = (mc + 15) / 16 * 16;
+        int64_t tiles = fmt == FMT_Q4 ? q4_plan(simd, mc, sizes) : q8_plan(simd, mc, sizes);
+        int amx = fmt == FMT_I8 && uses_amx(simd, mc);
         for (int64_t r = 0; r < mc; r++) {
 #if HAVE_X86
             if (simd == PATH_AVX512) { quantize_row512(x + (m0 + r) * k, k, q + r * kp, d + r * kb, c + r * kb); continue; }
@@ -990,7 +1000,8 @@ static int product_q8(const float *x, int64_t m, int64_t k, const uint16_t *w, i
                     memcpy(xg + r0 * groups + g * sizes[t] + r, q + (r0 + r) * kp + 4 * g, 4);
                 for (int64_t blk = 0; blk < kb; blk++) {
                     dp[r0 * kb + blk * sizes[t] + r] = d[(r0 + r) * kb + blk];
-                    cp[r0 * kb + blk * sizes[t] + r] = c[(r0 + r) * kb + blk];
+                    /* (q4's nibbles are q + 8, not q + 128: its correction is a 16th of int8's) */
+                    cp[r0 * kb + blk * sizes[t] + r] = c[(r0 + r) * kb + blk] / (fmt == FMT_Q4 ? 16 : 1);
                 }
             }
         float *ym = y + m0 * n;
@@ -1004,11 +1015,13 @@ static int product_q8(const float *x, int64_t m, int64_t k, const uint16_t *w, i
             else
 #endif
 #if HAVE_X86
-            if (simd != PATH_PORTABLE) q8_panels_x86(simd, xg, dp, cp, mc, k, (const int8_t *)w, p0, p1, ym, n, sizes, tiles);
+            if (simd != PATH_PORTABLE && fmt == FMT_Q4) q4_panels_x86(simd, xg, dp, cp, mc, k, w, p0, p1, ym, n, sizes, tiles);
+            else if (simd != PATH_PORTABLE) q8_panels_x86(simd, xg, dp, cp, mc, k, (const int8_t *)w, p0, p1, ym, n, sizes, tiles);
             else
 #endif
-                q8_portable(q, d, mc, k, (const int8_t *)w, p0, p1, ym, n);
-            finish_i8(simd, w, k, ym, mc, n, p0 * PANEL, min64(n, p1 * PANEL), b, act);
+            if (fmt == FMT_Q4) q4_portable(q, d, mc, k, w, p0, p1, ym, n);
+            else q8_portable(q, d, mc, k, (const int8_t *)w, p0, p1, ym, n);
+            finish_i8(simd, w, k, ym, mc, n, p0 * PANEL, min64(n, p1 * PANEL), b, act, fmt == FMT_I8);
         }
     }
     free(q); free(d); free(dp); free(c); free(cp); free(xg);
@@ -1020,7 +1033,7 @@ static int product_q8(const float *x, int64_t m, int64_t k, const uint16_t *w, i
    among `threads` threads in tasks of TASK panels. Returns 0. */
 static int product(const float *x, int64_t m, int64_t k, const uint16_t *w, int64_t n, const float *b, float *y,
                    int fmt, int threads, int act) {
-    if (fmt == FMT_I8) return product_q8(x, m, k, w, n, b, y, threads, act);
+    if (fmt == FMT_I8 || fmt == FMT_Q4) return product_quant(x, m, k, w, n, b, y, threads, act, fmt);
     int64_t count = (n + PANEL - 1) / PANEL, tasks = (count + TASK - 1) / TASK, sizes[MC];
     int simd = simd_path();
     float *xp = NULL;
@@ -1050,6 +1063,10 @@ static int product(const float *x, int64_t m, int64_t k, const uint16_t *w, int6
 static void unpack_rows(const uint16_t *w, int64_t k, int64_t j0, int64_t j1, float *dst, int fmt) {
     for (int64_t j = j0; j < j1; j++) {
         float *row = dst + (j - j0) * k, s = fmt == FMT_I8 ? scales_of(w, j / PANEL, k)[j % PANEL] : 1.0f;
+        if (fmt == FMT_Q4) {
+            for (int64_t i = 0; i < k; i++) row[i] = q4_at(w, j / PANEL, i, j % PANEL, k);
+            continue;
+        }
         for (int64_t i = 0; i < k; i++) row[i] = widen_at(w, elem_at(j / PANEL, i, j % PANEL, k, fmt), fmt) * s;
     }
 }
@@ -1067,8 +1084,12 @@ static void unpack_t(const uint16_t *w, int64_t k, int64_t p0, int64_t p1, float
         for (int64_t p = p0; p < p1; p++) {
             float *out = dst + i * cols + (p - p0) * PANEL;
 #if HAVE_X86
-            if (simd && fmt != FMT_I8) { widen32_x86(w + elem_at(p, i, 0, k, fmt), out, fmt); continue; }
+            if (simd && fmt < FMT_I8) { widen32_x86(w + elem_at(p, i, 0, k, fmt), out, fmt); continue; }
 #endif
+            if (fmt == FMT_Q4) {
+                for (int j = 0; j < PANEL; j++) out[j] = q4_at(w, p, i, j, k);
+                continue;
+            }
             for (int j = 0; j < PANEL; j++)
                 out[j] = widen_at(w, elem_at(p, i, j, k, fmt), fmt) * (fmt == FMT_I8 ? scales_of(w, p, k)[j] : 1.0f);
         }
@@ -1649,7 +1670,7 @@ static Py_buffer *take(Held *h, PyObject *o, char code, int ndim, int writable) 
 /* 16-bit weights of n outputs over k inputs in panels (see the top of the file): a uint16 array
    [ceil(n / PANEL), k, PANEL]. NULL if it is not that. */
 static Py_buffer *take_weight(Held *h, PyObject *o, int64_t n, int64_t k, int64_t fmt) {
-    Py_buffer *v = take(h, o, fmt == FMT_I8 ? 'b' : 'H', 3, 0);
+    Py_buffer *v = take(h, o, fmt >= FMT_I8 ? 'b' : 'H', 3, 0);
     if (!v || n < 1 || k < 1 || v->shape[0] != (n + PANEL - 1) / PANEL || v->shape[2] != PANEL
         || v->shape[1] != panel_elems(k, (int)fmt) / PANEL)
         return NULL;
@@ -1675,7 +1696,7 @@ static int same_shape(const Py_buffer *a, const Py_buffer *b) {
 }
 
 /* A weight format code this file knows. */
-static int known_format(int64_t fmt) { return fmt == FMT_F16 || fmt == FMT_BF16 || fmt == FMT_I8; }
+static int known_format(int64_t fmt) { return fmt == FMT_F16 || fmt == FMT_BF16 || fmt == FMT_I8 || fmt == FMT_Q4; }
 
 static int as_int64(PyObject *o, int64_t *out) {
     long long v = PyLong_AsLongLong(o);

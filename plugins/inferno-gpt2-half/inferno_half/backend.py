@@ -3,6 +3,7 @@
     inferno --backend half "Hello"                       # float16 weights
     inferno --backend half:dtype=bfloat16 "Hello"        # bfloat16 weights (a BF16 file stays exact)
     inferno --backend half:dtype=int8 "Hello"            # int8 weights, quantized at load
+    inferno --backend half:dtype=q4 "Hello"              # 4-bit weights in blocks of 32 (as q4_0)
     inferno --backend half:threads=1 "Hello"
 
 In the 16-bit formats only the weights are rounded (to float16 or bfloat16); activations, the KV cache,
@@ -13,6 +14,8 @@ products are int8 dot products with int32 sums (VNNI where the CPU has it: four 
 multiply-adds per instruction); everything between the products stays float32. A step of one sequence
 reads every weight once, so its speed is the memory bandwidth over the bytes of the weights, which 16
 bits halve and int8 halves again; a prompt, or a step of many sequences, is bound by the arithmetic.
+q4 (`inferno_half.q4`) stores 4-bit weights with a float16 scale per block of 32 inputs (llama.cpp's
+q4_0): 0.56 of int8's bytes, for the one-user speed; its products multiply the same quantized inputs.
 
 What runs in C (`_kernels.c`), and why:
 
@@ -55,6 +58,8 @@ from inferno.backends.hookspecs import hookimpl
 from inferno.backends.numpy_backend import NumpyBackend
 from inferno.cpu import MAX_THREADS, blas_threads, resolve_threads
 
+from inferno_half.q4 import pack_q4, q4_rows
+
 #: The matrices kept in 16 or 8 bits: the linear weights, handed over [in, out] (GPT-2's Conv1D layout;
 #: the Llama family's nn.Linear weights transposed by the loader), by the ends of their Hub names ...
 LINEAR = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight",
@@ -64,8 +69,12 @@ LINEAR = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_
 EMBEDDINGS = ("wte.weight", "lm_head.weight", "model.embed_tokens.weight")
 MATRICES = LINEAR + EMBEDDINGS
 #: The formats, by option value: the kernel's format code. int8: symmetric, one float32 scale per output
-#: (row of the [out, in] matrix), max |w| / 127; see `quantize`.
-FORMATS = {"float16": 0, "bfloat16": 1, "int8": 2}
+#: (row of the [out, in] matrix), max |w| / 127; see `quantize`. q4: see `inferno_half.q4`.
+FORMATS = {"float16": 0, "bfloat16": 1, "int8": 2, "q4": 3}
+#: q4's embeddings and LM head by default: int8 or q4 (the `head` option), see docs/benchmarks-half.md.
+HEAD_DEFAULT = "q4"
+#: The formats whose products quantize their inputs (in blocks of `QB`, `quantize_blocks`).
+QUANTIZED = ("int8", "q4")
 #: Outputs per panel of the packed weights (`_kernels.c`'s PANEL).
 PANEL = 32
 #: int8 products quantize their inputs in blocks of this many (`_kernels.c`'s QB).
@@ -168,6 +177,8 @@ class Weight16:
                 return out.reshape(*ids.shape, k)
         if self.fmt == "int8":
             return (_int8_rows(self, flat) * self.scales()[flat][:, None]).reshape(*ids.shape, k)
+        if self.fmt == "q4":
+            return q4_rows(self.blocks, flat, k).reshape(*ids.shape, k)
         # Row j's input i sits at blocks[j // PANEL, i, j % PANEL].
         got = np.ascontiguousarray(self.blocks[flat // PANEL, :k, flat % PANEL])
         return from_bits(got, self.fmt).reshape(*ids.shape, k)
@@ -187,6 +198,9 @@ def pack(out_in: np.ndarray, fmt: str) -> Weight16:
     count = -(-n // PANEL)
     if fmt == "int8":
         return _pack_int8(out_in, count)
+    if fmt == "q4":
+        step = max(PANEL, (UNPACK_BYTES // max(1, 4 * k)) // PANEL * PANEL)
+        return Weight16(pack_q4(out_in, kpad(k), step), (n, k), "q4")
     blocks = np.zeros((count, k, PANEL), dtype=np.uint16)
     step = max(PANEL, (UNPACK_BYTES // max(1, 4 * k)) // PANEL * PANEL)
     for j0 in range(0, n, step):
@@ -273,8 +287,8 @@ def _in_c(q: np.ndarray) -> bool:
 
 class HalfBackend(NumpyBackend):
     name = "half"
-    description = ("16-bit weights (dtype=float16|bfloat16) or 8-bit ones (dtype=int8), float32 activations "
-                   "and sums; compiled kernels (threads=N up to 1024)")
+    description = ("16-bit weights (dtype=float16|bfloat16), 8-bit (dtype=int8) or 4-bit ones (dtype=q4), "
+                   "float32 activations and sums; compiled kernels (threads=N up to 1024)")
 
     @classmethod
     def runs_on(cls) -> str:
@@ -287,22 +301,29 @@ class HalfBackend(NumpyBackend):
         capped = f", capped by INFERNO_HALF_ISA={ISA_CAP}" if ISA_CAP != "native" else ""
         return f"compiled C ({simd}, {'OpenMP' if threads > 1 else 'one thread'}{capped})"
 
-    def __init__(self, dtype: Any = "float16", threads: Any = None) -> None:
+    def __init__(self, dtype: Any = "float16", threads: Any = None, head: Any = None) -> None:
         """`dtype`: how the weights are stored, "float16" (default: 11 significant bits), "bfloat16"
-        (8 bits, float32's range; what a BF16 checkpoint holds exactly) or "int8" (quantized at load:
-        8-bit integers and one float32 scale per output; half the bytes again). `threads`: threads of the
-        compiled kernel, None or "auto" for $INFERNO_THREADS, else the usable cores (`inferno.cpu`). Bad
-        values raise ValueError naming the option."""
+        (8 bits, float32's range; what a BF16 checkpoint holds exactly), "int8" (quantized at load:
+        8-bit integers and one float32 scale per output; half the bytes again) or "q4" (4-bit integers
+        and a float16 scale per block of 32 inputs, as llama.cpp's q4_0: 0.56 of int8's bytes). `head`
+        (q4 only): the format of the embeddings and the LM head, "q4" or "int8" (the default: see
+        `HEAD_DEFAULT`). `threads`: threads of the compiled kernel, None or "auto" for $INFERNO_THREADS,
+        else the usable cores (`inferno.cpu`). Bad values raise ValueError naming the option."""
         super().__init__("float32")
         _check_isa_cap()
         name = str(dtype).removeprefix("torch.").removeprefix("numpy.")
         if name not in FORMATS:
             raise ValueError(f"half backend: option dtype={dtype!r} is not supported (choose float16, "
-                             "bfloat16 or int8)")
+                             "bfloat16, int8 or q4)")
         self.fmt = name
         self._code = FORMATS[name]
+        if head is not None and name != "q4":
+            raise ValueError(f"half backend: option head={head!r} applies to dtype=q4 only")
+        if name == "q4" and head not in (None, "q4", "int8"):
+            raise ValueError(f"half backend: option head={head!r} is not supported (choose q4 or int8)")
+        self.head_fmt = (head or HEAD_DEFAULT) if name == "q4" else name
         # The conformance suite's tolerances follow the rounding of the weights.
-        # (int8 has no entry there: it gets the loosest, bfloat16's.)
+        # (int8 and q4 have no entry there: they get the loosest, bfloat16's.)
         self.dtype = np.dtype(np.float16) if name == "float16" else name
         self.threads = _threads(threads)
         self.compiled = _KERNELS is not None
@@ -329,8 +350,8 @@ class HalfBackend(NumpyBackend):
             _check_range(name, a, self.fmt)
             return pack(a.T, self.fmt)
         if name in EMBEDDINGS:  # [V, C] is [out, in] already
-            _check_range(name, a, self.fmt)
-            return pack(a, self.fmt)
+            _check_range(name, a, self.head_fmt)
+            return pack(a, self.head_fmt)
         return np.ascontiguousarray(a, dtype=np.float32)
 
     def new_kv_cache(self, batch, n_head, length, head_dim):
@@ -474,9 +495,9 @@ class HalfBackend(NumpyBackend):
         if _KERNELS is not None:
             y = np.empty((m, n), np.float32)
             x = _f32(x)
-            if _KERNELS.matmul(x, w.blocks, n, _bias(b), y, self._code, self.threads, gelu):
+            if _KERNELS.matmul(x, w.blocks, n, _bias(b), y, FORMATS[w.fmt], self.threads, gelu):
                 return y
-        if w.fmt == "int8":
+        if w.fmt in QUANTIZED:
             x = quantize_blocks(_f32(x))  # the kernel's arithmetic: int8 inputs as well as weights
         y = np.empty((m, n), np.float32)
         parts = _split(n, self.threads if _KERNELS is not None else 1)
@@ -513,10 +534,12 @@ class HalfBackend(NumpyBackend):
         n, k = w.rows
         if _KERNELS is not None:
             out = np.empty((j1 - j0, k), np.float32)
-            if _KERNELS.unpack(w.blocks, n, j0, j1, k, out, self._code, 1):
+            if _KERNELS.unpack(w.blocks, n, j0, j1, k, out, FORMATS[w.fmt], 1):
                 return out
         if w.fmt == "int8":
             return _int8_rows(w, np.arange(j0, j1)) * w.scales()[j0:j1, None]
+        if w.fmt == "q4":
+            return q4_rows(w.blocks, np.arange(j0, j1), k)
         p0 = j0 // PANEL
         part = w.blocks[p0 : -(-j1 // PANEL), :k].transpose(0, 2, 1).reshape(-1, k)
         got = np.ascontiguousarray(part[j0 - p0 * PANEL : j1 - p0 * PANEL])
@@ -551,13 +574,15 @@ def _one_blas_thread() -> AbstractContextManager:
 
 
 def _check_range(name: str, a: np.ndarray, fmt: str) -> None:
-    """float16 holds magnitudes up to 65504: a larger weight would become inf, so refuse it by name."""
-    if fmt != "float16" or a.size == 0:
+    """float16 holds magnitudes up to 65504: a larger weight (or, in q4, a block scale |w| / 8 beyond it)
+    would become inf, so refuse it by name."""
+    if fmt not in ("float16", "q4") or a.size == 0:
         return
     largest = max(float(a.max()), -float(a.min()))  # (np.abs would copy a 154 MB wte)
-    if largest > 65504.0:
-        raise ValueError(f"half backend: weight {name!r} holds {largest:.4g}, beyond float16's range "
-                         "(65504); use half:dtype=bfloat16")
+    limit = 65504.0 * (8 if fmt == "q4" else 1)
+    if largest > limit:
+        raise ValueError(f"half backend: weight {name!r} holds {largest:.4g}, beyond {fmt}'s range "
+                         f"({limit:g}); use half:dtype=bfloat16")
 
 
 def _threads(threads: Any) -> int:

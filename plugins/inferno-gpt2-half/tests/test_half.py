@@ -19,7 +19,8 @@ from safetensors.numpy import load_file, save_file
 import inferno_half.backend as hb
 from inferno_half import HalfBackend
 
-FORMATS = ["float16", "bfloat16", "int8"]
+FORMATS = ["float16", "bfloat16", "int8", "q4"]
+QUANTIZED = ("int8", "q4")  # their products quantize the inputs
 SIXTEEN = FORMATS[:2]
 PROMPTS = ["Hello", "The quick brown fox", "Once upon a time", "def main():", "Numbers: 1, 2, 3,", "新年快乐"]
 
@@ -182,7 +183,10 @@ def test_a_row_gets_the_same_bits_in_any_batch_and_on_either_simd_path(fmt):
 
 def _rounded(w_in_out: np.ndarray, fmt: str) -> np.ndarray:
     """The weights the backend holds for `w_in_out` [in, out], in float64: rounded to the 16-bit format,
-    or for int8 each output's column quantized over max |column| / 127 and multiplied back."""
+    for int8 each output's column quantized over max |column| / 127 and multiplied back, for q4 as
+    `_q4_rounded`."""
+    if fmt == "q4":
+        return _q4_rounded(w_in_out)
     if fmt != "int8":
         return hb.from_bits(hb.to_bits(w_in_out, fmt), fmt).astype(np.float64)
     scale = np.abs(w_in_out).max(axis=0) / np.float32(127)
@@ -192,20 +196,39 @@ def _rounded(w_in_out: np.ndarray, fmt: str) -> np.ndarray:
     return q.astype(np.float64) * scale.astype(np.float64)
 
 
+def _q4_rounded(w_in_out: np.ndarray) -> np.ndarray:
+    """q4 as llama.cpp's q4_0, in float64: each output's column in blocks of 32 inputs (zero-padded), the
+    block's scale s = m / -8 for its entry m of largest magnitude, rounded to float16, then x / s rounded
+    to nearest in -8 .. 7, times s. Every value within s of the weight (7 / 8 |m| is the top level; 8 |s|
+    may miss |m| by float16's rounding of s, 8 * 2^-11 of s)."""
+    k, n = w_in_out.shape
+    kp = -(-k // 32) * 32
+    padded = np.zeros((kp, n), np.float32)
+    padded[:k] = w_in_out
+    blocks = padded.reshape(kp // 32, 32, n)
+    m = np.take_along_axis(blocks, np.abs(blocks).argmax(axis=1)[:, None, :], axis=1)
+    s = (m / np.float32(-8)).astype(np.float16).astype(np.float32)
+    q = np.clip(np.rint(blocks / np.where(s != 0, s, 1)), -8, 7) * (s != 0)
+    rounded = (q.astype(np.float64) * s.astype(np.float64)).reshape(kp, n)[:k]
+    assert np.all(np.abs(rounded - w_in_out) <= np.repeat(np.abs(s), 32, axis=1).reshape(kp, n)[:k] * 1.005)
+    return rounded
+
+
+@pytest.mark.parametrize("fmt", QUANTIZED)
 @pytest.mark.parametrize("m", [1, 3, 20])
-def test_int8_product_of_a_non_finite_input_is_nan_not_garbage(m, kernel_path):
-    # int8 products quantize their inputs: a block holding inf or NaN must not round to some int8 and
-    # give finite garbage; its rows come out NaN (as float products would), the other rows unchanged.
+def test_quantized_product_of_a_non_finite_input_is_nan_not_garbage(fmt, m, kernel_path):
+    # int8 and q4 products quantize their inputs: a block holding inf or NaN must not round to some int8
+    # and give finite garbage; its rows come out NaN (as float products would), the other rows unchanged.
     rng = np.random.default_rng(m)
     k, n = 70, 40
     x = rng.standard_normal((m, k)).astype(np.float32)
     w_in_out = rng.standard_normal((k, n)).astype(np.float32)
-    w = hb.pack(w_in_out.T, "int8")
-    want = _inputs(x, "int8") @ _rounded(w_in_out, "int8")
+    w = hb.pack(w_in_out.T, fmt)
+    want = _inputs(x, fmt) @ _rounded(w_in_out, fmt)
     x[0, 40] = np.inf
     x[-1, 69] = np.nan  # in the last, partial block
     y = np.zeros((m, n), np.float32)
-    assert hb._KERNELS.matmul(x, w.blocks, n, None, y, hb.FORMATS["int8"], 2, False)
+    assert hb._KERNELS.matmul(x, w.blocks, n, None, y, hb.FORMATS[fmt], 2, False)
     assert np.all(np.isnan(y[0])) and np.all(np.isnan(y[-1]))
     np.testing.assert_allclose(y[1:-1], want[1:-1], rtol=1e-5, atol=1e-5)
 
@@ -213,9 +236,9 @@ def test_int8_product_of_a_non_finite_input_is_nan_not_garbage(m, kernel_path):
 def _inputs(x: np.ndarray, fmt: str) -> np.ndarray:
     """What a product multiplies for the inputs x [..., k], in float64: x itself; for int8, x quantized as
     llama.cpp's q8_0 does, in blocks of 32 along k over d = max |block| / 127, x / d rounded to nearest
-    even (in float32, as the kernel computes it), times d."""
+    even (in float32, as the kernel computes it), times d. (q4's products quantize theirs the same way.)"""
     x = np.asarray(x, np.float32)
-    if fmt != "int8":
+    if fmt not in QUANTIZED:
         return x.astype(np.float64)
     lead, k = x.shape[:-1], x.shape[-1]
     kp = -(-k // 32) * 32
@@ -234,8 +257,9 @@ def _assert_chained_products_match(got: np.ndarray, want: np.ndarray, fmt: str) 
     1e-4. For int8, the second product's inputs are quantized from what the kernel computed in float32
     and the reference in float64: where one lies on a rounding boundary of its block the two may round to
     neighbouring int8 values, which moves that token's outputs by one step of the grid (d times a weight).
-    So a few tokens (at most 2%, at least 1) may differ by up to 1% of the outputs' range; the rest match."""
-    if fmt != "int8":
+    So a few tokens (at most 2%, at least 1) may differ by up to 1% of the outputs' range; the rest match.
+    (q4 likewise.)"""
+    if fmt not in QUANTIZED:
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
         return
     got2, want2 = got.reshape(-1, got.shape[-1]), want.reshape(-1, want.shape[-1])
@@ -341,7 +365,9 @@ def test_registered_with_its_options():
 
 
 @pytest.mark.parametrize("spec, needle", [
-    ("half:dtype=float32", "option dtype='float32' is not supported (choose float16, bfloat16 or int8)"),
+    ("half:dtype=float32", "option dtype='float32' is not supported (choose float16, bfloat16, int8 or q4)"),
+    ("half:dtype=int8,head=q4", "option head='q4' applies to dtype=q4 only"),
+    ("half:dtype=q4,head=float16", "option head='float16' is not supported (choose q4 or int8)"),
     ("half:threads=0", "option threads=0 must be an integer >= 1 or 'auto'"),
     ("half:threads=5000", "option threads=5000 must be at most 1024"),
 ])
@@ -357,6 +383,29 @@ def test_weight_beyond_float16_range_is_refused_by_name():
                                          r"range \(65504\); use half:dtype=bfloat16"):
         HalfBackend().prepare_weight("h.3.attn.c_proj.weight", a)
     assert HalfBackend("bfloat16").prepare_weight("h.3.attn.c_proj.weight", a).rows == (8, 4)
+
+
+def test_q4_weights_beyond_its_scales_range_are_refused_by_name():
+    # A q4 block's scale is max |w| / 8 in float16: beyond 8 * 65504 it would be inf.
+    a = np.ones((4, 32), np.float32)
+    a[1, 2] = -6e5
+    with pytest.raises(ValueError, match=r"weight 'h.0.mlp.c_fc.weight' holds 6e\+05, beyond q4's range "
+                                         r"\(524032\); use half:dtype=bfloat16"):
+        HalfBackend("q4").prepare_weight("h.0.mlp.c_fc.weight", a)
+    a[1, 2] = -5e5  # within it: kept, its block's largest weight exactly
+    w = HalfBackend("q4").prepare_weight("h.0.mlp.c_fc.weight", a)
+    scale = np.float32(-5e5 / 8).astype(np.float16).astype(np.float32)
+    assert HalfBackend("q4").to_numpy(w)[2, 1] == scale * 8
+
+
+def test_q4_keeps_the_embeddings_and_head_in_int8_on_request():
+    a = np.random.default_rng(0).standard_normal((40, 64)).astype(np.float32)
+    for head, want in ((None, "q4"), ("q4", "q4"), ("int8", "int8")):
+        be = HalfBackend("q4", head=head)
+        assert be.prepare_weight("wte.weight", a).fmt == want
+        assert be.prepare_weight("lm_head.weight", a).fmt == want
+        assert be.prepare_weight("model.embed_tokens.weight", a).fmt == want
+        assert be.prepare_weight("h.0.mlp.c_fc.weight", a).fmt == "q4"  # the linear weights stay q4
 
 
 # ---------------------------------------------------------------------------------------- end to end
@@ -384,14 +433,15 @@ def greedy_agrees(want: inferno.api.Pipeline, got_ids: list[int], prompt: str, m
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_greedy_ids_match_numpy_up_to_near_ties(model_dir, numpy_pipe, fmt):
     pipe = inferno.load(model_dir, f"half:dtype={fmt}", download=False)
-    margin = {"float16": 0.02, "bfloat16": 0.1, "int8": 0.3}[fmt]
+    margin = {"float16": 0.02, "bfloat16": 0.1, "int8": 0.3, "q4": 1.0}[fmt]
     for prompt in PROMPTS:
         got = pipe.generate(prompt, max_new_tokens=16, stop_at_eos=False)
         assert len(got.ids) == 16, got.ids
         greedy_agrees(numpy_pipe, got.ids, prompt, margin)
 
 
-@pytest.mark.parametrize("fmt, tolerance", [("float16", 2e-3), ("bfloat16", 2e-2), ("int8", 5e-2)])
+@pytest.mark.parametrize("fmt, tolerance", [("float16", 2e-3), ("bfloat16", 2e-2), ("int8", 5e-2),
+                                            ("q4", 0.3), ("q4,head=int8", 0.3)])
 def test_logits_match_numpy(model_dir, numpy_pipe, fmt, tolerance):
     pipe = inferno.load(model_dir, f"half:dtype={fmt}", download=False)
     ids = numpy_pipe.encode("The quick brown fox jumps over the lazy dog. " * 3)

@@ -251,9 +251,18 @@ def _rounded_state_dict(sd: dict[str, np.ndarray], fmt: str) -> dict[str, np.nda
             if n.endswith(hb.LINEAR) or n in hb.EMBEDDINGS else a for n, a in sd.items()}
 
 
-@pytest.mark.parametrize("fmt", ["float16", "bfloat16", "int8"])
+def _q4_state_dict(sd: dict) -> dict:
+    """`sd` with its matrices as q4 holds them ([out, in] in the file: blocks of 32 along `in`)."""
+    def held(a):
+        w = hb.pack(np.ascontiguousarray(a, np.float32), "q4")
+        return hb.q4_rows(w.blocks, np.arange(a.shape[0]), a.shape[1])
+
+    return {n: held(a) if n.endswith(hb.LINEAR) or n in hb.EMBEDDINGS else a for n, a in sd.items()}
+
+
+@pytest.mark.parametrize("fmt", ["float16", "bfloat16", "int8", "q4"])
 @pytest.mark.parametrize("variant", ["qwen3", "llama-gqa4-bias"])
-def test_a_llama_model_runs_in_16_or_8_bits_on_the_native_kernels(monkeypatch, fmt, variant):
+def test_a_llama_model_runs_in_16_8_or_4_bits_on_the_native_kernels(monkeypatch, fmt, variant):
     from inferno.models.llama import LlamaConfig, from_state_dict
     from inferno.testing import llama_config, llama_state_dict
 
@@ -267,9 +276,10 @@ def test_a_llama_model_runs_in_16_or_8_bits_on_the_native_kernels(monkeypatch, f
         assert isinstance(w, hb.Weight16) and w.fmt == fmt
     assert be.weight_order("model.layers.0.mlp.down_proj.weight") == "F"
     # float16/bfloat16: against float64 on the same rounded weights (activations stay float32 here); int8
-    # also quantizes each product's inputs: against the unrounded weights, loosely.
-    oracle = from_state_dict(config, sd if fmt == "int8" else _rounded_state_dict(sd, fmt),
-                             NumpyBackend("float64"))
+    # also quantizes each product's inputs: against the unrounded weights, loosely; q4 against its own
+    # rounded weights, as loosely (its inputs are quantized as int8's).
+    held = {"int8": sd, "q4": _q4_state_dict(sd)}.get(fmt) or _rounded_state_dict(sd, fmt)
+    oracle = from_state_dict(config, held, NumpyBackend("float64"))
     ids = np.random.default_rng(1).integers(0, config.vocab_size, (2, 7))
     want = oracle.forward(ids, all_logits=True)
     refuse_defaults(monkeypatch)  # (after the oracle, which runs NumPy's kernels)
@@ -277,6 +287,6 @@ def test_a_llama_model_runs_in_16_or_8_bits_on_the_native_kernels(monkeypatch, f
     got = np.concatenate([model.forward(ids[:, :5], cache, all_logits=True),
                           model.forward(ids[:, 5:6], cache, all_logits=True),
                           model.forward(ids[:, 6:], cache, all_logits=True)], axis=1)
-    tolerance = 0.15 if fmt == "int8" else 1e-4
+    tolerance = 0.15 if fmt in ("int8", "q4") else 1e-4
     worst = float(np.abs(got - want).max())
     assert worst <= tolerance * float(np.abs(want).max()), f"{fmt}: max error {worst:.3g}"
