@@ -306,8 +306,8 @@ class HalfBackend(NumpyBackend):
         (8 bits, float32's range; what a BF16 checkpoint holds exactly), "int8" (quantized at load:
         8-bit integers and one float32 scale per output; half the bytes again) or "q4" (4-bit integers
         and a float16 scale per block of 32 inputs, as llama.cpp's q4_0: 0.56 of int8's bytes). `head`
-        (q4 only): the format of the embeddings and the LM head, "q4" or "int8" (the default: see
-        `HEAD_DEFAULT`). `threads`: threads of the compiled kernel, None or "auto" for $INFERNO_THREADS,
+        (q4 only): the format of the embeddings and the LM head, "q4" (the default, `HEAD_DEFAULT`) or
+        "int8". `threads`: threads of the compiled kernel, None or "auto" for $INFERNO_THREADS,
         else the usable cores (`inferno.cpu`). Bad values raise ValueError naming the option."""
         super().__init__("float32")
         _check_isa_cap()
