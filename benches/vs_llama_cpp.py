@@ -65,6 +65,9 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from serving import wait_ready  # noqa: E402
+
 PROMPT, NEW, LONG, SEQS = 64, 64, 512, 16
 PAUSE = 0.3  # seconds of rest before each timed run (worker threads stop spinning)
 CONTEXT = 2048
@@ -280,8 +283,6 @@ def start_servers(folder: Path, gguf: Path, spec: str, threads: int, work: Path,
                   ports: tuple[int, int] = (8391, 8392)) -> tuple[list[subprocess.Popen], dict[str, str]]:
     """llama-server (16 parallel slots, continuous batching) and `inferno serve` (16 slots), both idle
     until asked; returns the processes and {side: url}."""
-    import httpx
-
     bins = Path(START["bins"])
     procs = [subprocess.Popen([str(bins / "llama-server"), "-m", str(gguf), "-t", str(threads), "-tb",
                                str(threads), "-np", str(SEQS), "-c", str(SEQS * (prompt + new + 64)),
@@ -292,19 +293,13 @@ def start_servers(folder: Path, gguf: Path, spec: str, threads: int, work: Path,
                                "--slots", str(SEQS), "--served-model-name", "m"],
                               stdout=open(work / "inferno-serve.log", "wb"), stderr=subprocess.STDOUT)]
     urls = {"llama-server": f"http://127.0.0.1:{ports[0]}", "inferno serve": f"http://127.0.0.1:{ports[1]}"}
-    deadline = time.monotonic() + 300
-    for url in urls.values():
-        while True:
-            if any(p.poll() is not None for p in procs):
-                raise RuntimeError(f"a server exited; see the logs under {work}")
-            try:
-                if httpx.get(url + "/health", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{url} did not come up")
-            time.sleep(0.5)
+    try:
+        for url, proc in zip(urls.values(), procs, strict=True):
+            wait_ready(url, proc, timeout=300)  # (its logs are under `work`)
+    except BaseException:
+        for proc in procs:
+            proc.terminate()
+        raise
     return procs, urls
 
 
