@@ -196,13 +196,12 @@ def pack(out_in: np.ndarray, fmt: str) -> Weight16:
     """A float32 [out, in] matrix → `Weight16`, converted a few panels at a time (no full-size temporary)."""
     n, k = out_in.shape
     count = -(-n // PANEL)
+    step = max(PANEL, (UNPACK_BYTES // max(1, 4 * k)) // PANEL * PANEL)  # outputs converted at a time
     if fmt == "int8":
-        return _pack_int8(out_in, count)
+        return _pack_int8(out_in, count, step)
     if fmt == "q4":
-        step = max(PANEL, (UNPACK_BYTES // max(1, 4 * k)) // PANEL * PANEL)
         return Weight16(pack_q4(out_in, kpad(k), step), (n, k), "q4")
     blocks = np.zeros((count, k, PANEL), dtype=np.uint16)
-    step = max(PANEL, (UNPACK_BYTES // max(1, 4 * k)) // PANEL * PANEL)
     for j0 in range(0, n, step):
         j1 = min(n, j0 + step)
         part = np.zeros((-(-(j1 - j0) // PANEL) * PANEL, k), dtype=np.uint16)
@@ -228,15 +227,14 @@ def kpad(k: int) -> int:
     return -(-k // QB) * QB
 
 
-def _pack_int8(out_in: np.ndarray, count: int) -> Weight16:
+def _pack_int8(out_in: np.ndarray, count: int, step: int) -> Weight16:
     """`pack` for int8: per panel of 32 outputs, the inputs padded with zeros to `kpad(in)` in groups of
     4 ([kpad/4][32][4]: VNNI's operand layout, 4 inputs of an output side by side), then the 32 float32
     scales (128 bytes): an int8 array [out/32][kpad + 4][32] (its middle axis is bytes / 32, not inputs),
-    quantized a few panels at a time."""
+    quantized `step` outputs (whole panels) at a time."""
     n, k = out_in.shape
     kp = kpad(k)
     blocks = np.zeros((count, kp + 4, PANEL), dtype=np.int8)
-    step = max(PANEL, (UNPACK_BYTES // max(1, 4 * k)) // PANEL * PANEL)
     for j0 in range(0, n, step):
         j1 = min(n, j0 + step)
         q, sc = quantize(np.asarray(out_in[j0:j1], dtype=np.float32))
