@@ -30,7 +30,10 @@ class BuildWithFallback(build_ext):
                   file=sys.stderr)
 
 
-flags = ["/O2"] if sys.platform == "win32" else ["-O3", *OPENMP]
+# -ffp-contract=off: the kernels' FMAs are the ones written (_mm*_fmadd_ps, fmaf). GCC otherwise fuses a
+# multiply and an add of its own accord where the target has FMA, and the AVX-512 path then rounded x * id
+# differently from the portable path's separate multiply (an input quantized one step apart).
+flags = ["/O2"] if sys.platform == "win32" else ["-O3", "-ffp-contract=off", *OPENMP]
 setup(
     ext_modules=[Extension("inferno_half._kernels", ["inferno_half/_kernels.c"],
                            depends=["inferno_half/_kernels_q4.h"], extra_compile_args=flags,

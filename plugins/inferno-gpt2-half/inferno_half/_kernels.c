@@ -39,6 +39,9 @@
 #define FMT_BF16 1
 #define FMT_I8 2   /* int8, one float32 scale per output (see panel_elems and "int8 products") */
 #define FMT_Q4 3   /* 4-bit, a float16 scale per block of 32 inputs (see "4-bit products", _kernels_q4.h) */
+/* A flag on FMT_I8 for the products: the inputs quantized with one scale per row, not per block of QB
+   (see "int8 products"). The weights are the same. */
+#define FMT_ROWS 16
 
 #define PANEL 32   /* outputs per panel */
 #define TASK 4     /* panels per thread task: 128 outputs */
@@ -528,11 +531,12 @@ static void panels(int simd, const float *x, int64_t m, int64_t k, const uint16_
    (plain multiply-add on the portable path), so a row gets the same bits in any batch, and the AVX2 path
    the AVX-512 path's. A block holding inf or NaN gets d = NaN: the outputs are NaN, never garbage. */
 
-/* Row x [k] → q [kpad(k)] (the padding zero), d [kpad / QB] and c [kpad / QB] = -128 * sum of each
-   block's q (the correction of vpdpbusd's unsigned operand, see q8tile512). */
-static void quantize_row(const float *x, int64_t k, int8_t *q, float *d, int32_t *c) {
-    for (int64_t b0 = 0, blk = 0; b0 < kpad(k); b0 += QB, blk++) {
-        int64_t end = min64(k, b0 + QB);
+/* Row x [k] → q [kpad(k)] (the padding zero), d [kpad / bs] and c [kpad / bs] = -128 * sum of each
+   block's q (the correction of vpdpbusd's unsigned operand, see q8tile512), in blocks of bs inputs: QB,
+   or the whole row (kpad(k)) for FMT_ROWS. */
+static void quantize_row(const float *x, int64_t k, int8_t *q, float *d, int32_t *c, int64_t bs) {
+    for (int64_t b0 = 0, blk = 0; b0 < kpad(k); b0 += bs, blk++) {
+        int64_t end = min64(k, b0 + bs);
         float amax = 0.0f;
         int finite = 1;
         for (int64_t i = b0; i < end; i++) {
@@ -542,7 +546,7 @@ static void quantize_row(const float *x, int64_t k, int8_t *q, float *d, int32_t
         }
         float dd = amax / 127.0f, id = dd > 0.0f ? 1.0f / dd : 0.0f;
         int32_t sum = 0;
-        for (int64_t i = b0; i < b0 + QB; i++) {
+        for (int64_t i = b0; i < b0 + bs; i++) {
             float v = i < end && finite ? x[i] * id : 0.0f;
             /* Round to nearest, ties to even, as rintf in the default mode: 1.5 * 2^23 pushes the fraction
                out of a float32 (|v| <= 127.5). */
@@ -559,9 +563,9 @@ static void quantize_row(const float *x, int64_t k, int8_t *q, float *d, int32_t
 
 /* Portable C: rows r0 .. r0 + rows - 1 of the quantized x (q [rows][kp], d [rows][kb]) times panels
    p0 .. p1 - 1, the raw sums (before the scales) into y. */
-static void q8_portable(const int8_t *q, const float *d, int64_t rows, int64_t k, const int8_t *w, int64_t p0,
-                        int64_t p1, float *y, int64_t n) {
-    int64_t kp = kpad(k), kb = kp / QB, gs = panel_elems(k, FMT_I8);
+static void q8_portable(const int8_t *q, const float *d, int64_t rows, int64_t k, int64_t bs, const int8_t *w,
+                        int64_t p0, int64_t p1, float *y, int64_t n) {
+    int64_t kp = kpad(k), kb = kp / bs, gs = panel_elems(k, FMT_I8);
     for (int64_t p = p0; p < p1; p++)
         for (int64_t r = 0; r < rows; r++)
             for (int64_t j = 0; j < PANEL && p * PANEL + j < n; j++) {
@@ -570,7 +574,7 @@ static void q8_portable(const int8_t *q, const float *d, int64_t rows, int64_t k
                 float acc = 0.0f;
                 for (int64_t blk = 0; blk < kb; blk++) {
                     int32_t s = 0;
-                    for (int64_t i = blk * QB; i < (blk + 1) * QB; i++) s += (int32_t)qr[i] * wp[(i >> 2) * 4 * PANEL + (i & 3)];
+                    for (int64_t i = blk * bs; i < (blk + 1) * bs; i++) s += (int32_t)qr[i] * wp[(i >> 2) * 4 * PANEL + (i & 3)];
                     acc += d[r * kb + blk] * (float)s;
                 }
                 y[r * n + p * PANEL + j] = acc;
@@ -583,29 +587,36 @@ static void q8_portable(const int8_t *q, const float *d, int64_t rows, int64_t k
 /* quantize_row in AVX-512, lane for lane the same operations (max |x|, x * id, the round by 1.5 * 2^23,
    the clamp, the sum), so the same q, d and c: at a prompt's many rows the scalar loop cost a sixth of
    a product. A block holding inf or NaN (a lane failing |x| <= FLT_MAX) is left to quantize_row. */
-X512 static void quantize_row512(const float *x, int64_t k, int8_t *q, float *d, int32_t *c) {
+X512 static void quantize_row512(const float *x, int64_t k, int8_t *q, float *d, int32_t *c, int64_t bs) {
     const __m512 magic = _mm512_set1_ps(12582912.0f), big = _mm512_set1_ps(3.4028235e38f);
-    for (int64_t b0 = 0, blk = 0; b0 < kpad(k); b0 += QB, blk++) {
-        int64_t end = min64(k, b0 + QB);
-        __mmask16 m0 = end - b0 >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (end - b0)) - 1);
-        __mmask16 m1 = end - b0 >= 32 ? (__mmask16)0xFFFF : end - b0 <= 16 ? 0 : (__mmask16)((1u << (end - b0 - 16)) - 1);
-        __m512 x0 = _mm512_maskz_loadu_ps(m0, x + b0), x1 = _mm512_maskz_loadu_ps(m1, x + b0 + 16);
-        __m512 a0 = _mm512_abs_ps(x0), a1 = _mm512_abs_ps(x1);
-        if (_mm512_cmp_ps_mask(a0, big, _CMP_LE_OQ) != 0xFFFF || _mm512_cmp_ps_mask(a1, big, _CMP_LE_OQ) != 0xFFFF) {
-            quantize_row(x + b0, end - b0, q + b0, d + blk, c + blk);  /* one block: NaN d, zero q */
+    const __m512 lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
+    for (int64_t b0 = 0, blk = 0; b0 < kpad(k); b0 += bs, blk++) {
+        int64_t end = min64(k, b0 + bs);
+        __m512 vmax = _mm512_setzero_ps();
+        __mmask16 finite = 0xFFFF;
+        for (int64_t i = b0; i < end; i += 16) {
+            __mmask16 m = end - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (end - i)) - 1);
+            __m512 a = _mm512_abs_ps(_mm512_maskz_loadu_ps(m, x + i));
+            finite &= _mm512_cmp_ps_mask(a, big, _CMP_LE_OQ);
+            vmax = _mm512_max_ps(vmax, a);
+        }
+        if (finite != 0xFFFF) {
+            quantize_row(x + b0, end - b0, q + b0, d + blk, c + blk, bs);  /* one block: NaN d, zero q */
             continue;
         }
-        float amax = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
+        float amax = _mm512_reduce_max_ps(vmax);
         float dd = amax / 127.0f, id = dd > 0.0f ? 1.0f / dd : 0.0f;
-        __m512 vid = _mm512_set1_ps(id), lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
-        __m512 v0 = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(x0, vid), magic), magic);
-        __m512 v1 = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(x1, vid), magic), magic);
-        __m512i q0 = _mm512_cvttps_epi32(_mm512_min_ps(_mm512_max_ps(v0, lo), hi));
-        __m512i q1 = _mm512_cvttps_epi32(_mm512_min_ps(_mm512_max_ps(v1, lo), hi));
-        _mm_storeu_si128((__m128i *)(q + b0), _mm512_cvtepi32_epi8(q0));
-        _mm_storeu_si128((__m128i *)(q + b0 + 16), _mm512_cvtepi32_epi8(q1));
+        __m512 vid = _mm512_set1_ps(id);
+        __m512i sum = _mm512_setzero_si512();
+        for (int64_t i = b0; i < b0 + bs; i += 16) {
+            __mmask16 m = end - i >= 16 ? (__mmask16)0xFFFF : end <= i ? 0 : (__mmask16)((1u << (end - i)) - 1);
+            __m512 v = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), vid), magic), magic);
+            __m512i qi = _mm512_cvttps_epi32(_mm512_min_ps(_mm512_max_ps(v, lo), hi));
+            _mm_storeu_si128((__m128i *)(q + i), _mm512_cvtepi32_epi8(qi));
+            sum = _mm512_add_epi32(sum, qi);
+        }
         d[blk] = dd;
-        c[blk] = -128 * _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+        c[blk] = -128 * _mm512_reduce_add_epi32(sum);
     }
 }
 
@@ -615,7 +626,7 @@ X512 static void quantize_row512(const float *x, int64_t k, int8_t *q, float *d,
    signed ones: the weights, two's complement, become unsigned by flipping their top bit (w + 128), and
    each block's int32 sum starts at -128 * sum(q) to take the 128s back out. */
 X512V static INLINE void q8tile512(const int32_t *xg, const float *dd, const int32_t *cc, int64_t kb,
-                                   const int8_t *w, int64_t gs, const int mr, const int nv, const int h0,
+                                   int64_t sub, const int8_t *w, int64_t gs, const int mr, const int nv, const int h0,
                                    float *y, int64_t n, int64_t col0) {
     __m512 fa[12][8];
     __m512i ia[12][8], wv[8];
@@ -634,9 +645,10 @@ X512V static INLINE void q8tile512(const int32_t *xg, const float *dd, const int
 #pragma GCC unroll 8
             for (int v = 0; v < nv; v++) ia[r][v] = c;
         }
+        for (int64_t sb = 0; sb < sub; sb++)
 #pragma GCC unroll 8
         for (int g = 0; g < QB / 4; g++) {
-            int64_t gi = blk * (QB / 4) + g;
+            int64_t gi = (blk * sub + sb) * (QB / 4) + g;
 #pragma GCC unroll 8
             for (int v = 0; v < nv; v++) {
                 if (mr < 4) _mm_prefetch((const char *)base[v] + gi * 128 + 2 * PREFETCH, _MM_HINT_T0);
@@ -665,13 +677,13 @@ X512V static INLINE void q8tile512(const int32_t *xg, const float *dd, const int
         }
 }
 
-#define ARGSQ8 const int32_t *xg, const float *dd, const int32_t *cc, int64_t kb, const int8_t *w, int64_t gs, \
+#define ARGSQ8 const int32_t *xg, const float *dd, const int32_t *cc, int64_t kb, int64_t sub, const int8_t *w, int64_t gs, \
                int h0, float *y, int64_t n, int64_t col0
 typedef void (*q8_fn)(ARGSQ8);
 #define Q512(MR, NV) \
     X512V static void q512_##MR##_##NV(ARGSQ8) { \
-        if (h0) q8tile512(xg, dd, cc, kb, w, gs, MR, NV, 1, y, n, col0); \
-        else q8tile512(xg, dd, cc, kb, w, gs, MR, NV, 0, y, n, col0); }
+        if (h0) q8tile512(xg, dd, cc, kb, sub, w, gs, MR, NV, 1, y, n, col0); \
+        else q8tile512(xg, dd, cc, kb, sub, w, gs, MR, NV, 0, y, n, col0); }
 Q512(1, 2) Q512(1, 4) Q512(1, 6) Q512(1, 8) Q512(2, 2) Q512(2, 4) Q512(3, 2) Q512(3, 4) Q512(4, 2) Q512(5, 2)
 Q512(6, 2) Q512(1, 1) Q512(2, 1) Q512(3, 1) Q512(4, 1) Q512(5, 1) Q512(6, 1) Q512(7, 1) Q512(8, 1) Q512(9, 1)
 Q512(10, 1) Q512(11, 1) Q512(12, 1)
@@ -686,7 +698,7 @@ static const q8_fn HALFQ8[13] = {NULL, q512_1_1, q512_2_1, q512_3_1, q512_4_1, q
 /* AVX2 (no VNNI): the same int32 sums as llama.cpp's AVX2 q8_0 dot: |q| times the weight with q's sign
    (vpsignb), pairs summed by vpmaddubsw (at most 2 * 127 * 127: no saturation), then vpmaddwd by ones.
    `mr` rows times `nv` vectors of 8 outputs, vector v the quarter (h0 + v) % 4 of panel (h0 + v) / 4. */
-X86 static INLINE void q8tile256(const int32_t *xg, const float *dd, int64_t kb, const int8_t *w, int64_t gs,
+X86 static INLINE void q8tile256(const int32_t *xg, const float *dd, int64_t kb, int64_t sub, const int8_t *w, int64_t gs,
                                  const int mr, const int nv, const int h0, float *y, int64_t n, int64_t col0) {
     __m256 fa[2][4];
     __m256i ia[2][4], wv[4];
@@ -703,8 +715,9 @@ X86 static INLINE void q8tile256(const int32_t *xg, const float *dd, int64_t kb,
         for (int r = 0; r < mr; r++)
 #pragma GCC unroll 4
             for (int v = 0; v < nv; v++) ia[r][v] = _mm256_setzero_si256();
+        for (int64_t sb = 0; sb < sub; sb++)
         for (int g = 0; g < QB / 4; g++) {
-            int64_t gi = blk * (QB / 4) + g;
+            int64_t gi = (blk * sub + sb) * (QB / 4) + g;
 #pragma GCC unroll 4
             for (int v = 0; v < nv; v++) wv[v] = _mm256_loadu_si256((const __m256i *)(base[v] + gi * 128));
 #pragma GCC unroll 2
@@ -735,8 +748,8 @@ X86 static INLINE void q8tile256(const int32_t *xg, const float *dd, int64_t kb,
 
 #define Q256(MR, NV) \
     X86 static void q256_##MR##_##NV(ARGSQ8) { (void)cc; \
-        if (h0) q8tile256(xg, dd, kb, w, gs, MR, NV, 2, y, n, col0); \
-        else q8tile256(xg, dd, kb, w, gs, MR, NV, 0, y, n, col0); }
+        if (h0) q8tile256(xg, dd, kb, sub, w, gs, MR, NV, 2, y, n, col0); \
+        else q8tile256(xg, dd, kb, sub, w, gs, MR, NV, 0, y, n, col0); }
 Q256(1, 4) Q256(1, 2) Q256(2, 2)
 
 static int cpu_has_vnni(void) {
@@ -870,6 +883,69 @@ XAMX static void q8_panels_amx(const int8_t *q, const float *d, int64_t m, int64
             }
     _tile_release();
 }
+
+/* FMT_ROWS on AMX: with one input scale per row, a row's int32 sum runs over all of k, so the tiles
+   accumulate at full depth (K = 64, TDPBSSD's) and are stored once, at the end: no per-block work in
+   AVX-512 (the block path above is bound by it). 32 rows by a panel's 32 outputs a step (A tiles 0, 1,
+   B tiles 2, 3, sums 4 to 7); the sums are exact, as vpdpbusd's, so y = float(sum) * d is the VNNI
+   path's bits (its fmadd(float(sum), d, 0)). kp a multiple of 64 (else the VNNI path runs). */
+static const struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} __attribute__((aligned(64))) AMX_ROWS_CONFIG = {1, 0, {0}, {64, 64, 64, 64, 64, 64, 64, 64},
+                                                   {16, 16, 16, 16, 16, 16, 16, 16}};
+
+/* Store sums tile T (16 rows x 16 outputs) as float(sum) * d[r] into y at col, rows below `rows`. */
+#define AMX_ROWS_OUT(T, s, d, rows, y, n, col) do { \
+    AMX_STORE(T, s); \
+    if ((col) < (n)) { \
+        __mmask16 keep = (n) - (col) >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << ((n) - (col))) - 1); \
+        for (int r = 0; r < (rows); r++) \
+            _mm512_mask_storeu_ps((y) + r * (n) + (col), keep, _mm512_mul_ps( \
+                _mm512_cvtepi32_ps(_mm512_load_si512((const void *)((s) + 16 * r))), _mm512_set1_ps((d)[r]))); \
+    } } while (0)
+
+/* Panels p0 .. p1 - 1 of the products for the quantized rows q [m][kp] (padded with zero rows to a
+   multiple of 16), d [m] their scales, into y; as q8_panels_amx. */
+XAMX static void q8_panels_amx_rows(const int8_t *q, const float *d, int64_t m, int64_t k, const int8_t *w,
+                                    int64_t p0, int64_t p1, float *y, int64_t n) {
+    int64_t kp = kpad(k), gs = panel_elems(k, FMT_I8);
+    int32_t s[256] __attribute__((aligned(64)));
+    _tile_loadconfig(&AMX_ROWS_CONFIG);
+    for (int64_t r0 = 0; r0 < m; r0 += 32) {
+        int two = r0 + 16 < m;  /* a second tile of rows */
+        const int8_t *qa = q + r0 * kp, *qb = qa + 16 * kp;
+        for (int64_t p = p0; p < p1; p++) {
+            const int8_t *wp = w + p * gs;
+            _tile_zero(4); _tile_zero(5);
+            if (two) { _tile_zero(6); _tile_zero(7); }
+            for (int64_t i = 0; i < kp; i += 64) {
+                /* 16 groups of 4 inputs: rows 128 bytes apart, each half panel 64 bytes of them */
+                _tile_loadd(2, wp + i * PANEL, 4 * PANEL);
+                _tile_loadd(3, wp + i * PANEL + 64, 4 * PANEL);
+                _tile_loadd(0, qa + i, kp);
+                _tile_dpbssd(4, 0, 2);
+                _tile_dpbssd(5, 0, 3);
+                if (two) {
+                    _tile_loadd(1, qb + i, kp);
+                    _tile_dpbssd(6, 1, 2);
+                    _tile_dpbssd(7, 1, 3);
+                }
+            }
+            int64_t col = p * PANEL;
+            int ra = (int)min64(16, m - r0);
+            AMX_ROWS_OUT(4, s, d + r0, ra, y + r0 * n, n, col);
+            AMX_ROWS_OUT(5, s, d + r0, ra, y + r0 * n, n, col + 16);
+            if (two) {
+                int rb = (int)min64(16, m - r0 - 16);
+                AMX_ROWS_OUT(6, s, d + r0 + 16, rb, y + (r0 + 16) * n, n, col);
+                AMX_ROWS_OUT(7, s, d + r0 + 16, rb, y + (r0 + 16) * n, n, col + 16);
+            }
+        }
+    }
+    _tile_release();
+}
 #endif
 
 /* Products of at least this many rows run on AMX where it can (see amx_rows); 0: never. */
@@ -911,14 +987,14 @@ static int64_t q8_plan(int simd, int64_t m, int64_t *sizes) {
    offsets r0 * groups and r0 * kb), on an x86 path. */
 #if HAVE_X86
 static void q8_panels_x86(int simd, const int32_t *xg, const float *dd, const int32_t *cc, int64_t m, int64_t k,
-                          const int8_t *w, int64_t p0, int64_t p1, float *y, int64_t n, const int64_t *sizes,
-                          int64_t tiles) {
-    int64_t kb = kpad(k) / QB, groups = kpad(k) / 4, gs = panel_elems(k, FMT_I8);
+                          int64_t bs, const int8_t *w, int64_t p0, int64_t p1, float *y, int64_t n,
+                          const int64_t *sizes, int64_t tiles) {
+    int64_t kb = kpad(k) / bs, sub = bs / QB, groups = kpad(k) / 4, gs = panel_elems(k, FMT_I8);
     if (simd == PATH_AVX512 && m <= 3) {
         int64_t most = m == 1 ? 4 : 2;
         for (int64_t p = p0; p < p1;) {
             int64_t g = min64(most, p1 - p);
-            WIDEQ8[m][g](xg, dd, cc, kb, w + p * gs, gs, 0, y, n, p * PANEL);
+            WIDEQ8[m][g](xg, dd, cc, kb, sub, w + p * gs, gs, 0, y, n, p * PANEL);
             p += g;
         }
         return;
@@ -930,16 +1006,16 @@ static void q8_panels_x86(int simd, const int32_t *xg, const float *dd, const in
             const int32_t *ct = cc + r0 * kb;
             float *yt = y + r0 * n;
             if (simd == PATH_AVX512 && sizes[t] <= 6 && tiles == 1) {
-                WHOLEQ8[sizes[t]](xt, dt, ct, kb, w + p * gs, gs, 0, yt, n, p * PANEL);
+                WHOLEQ8[sizes[t]](xt, dt, ct, kb, sub, w + p * gs, gs, 0, yt, n, p * PANEL);
             } else if (simd == PATH_AVX512) {
-                HALFQ8[sizes[t]](xt, dt, ct, kb, w + p * gs, gs, 0, yt, n, p * PANEL);
-                HALFQ8[sizes[t]](xt, dt, ct, kb, w + p * gs, gs, 1, yt, n, p * PANEL);
+                HALFQ8[sizes[t]](xt, dt, ct, kb, sub, w + p * gs, gs, 0, yt, n, p * PANEL);
+                HALFQ8[sizes[t]](xt, dt, ct, kb, sub, w + p * gs, gs, 1, yt, n, p * PANEL);
             } else if (m == 1) {
-                q256_1_4(xt, dt, ct, kb, w + p * gs, gs, 0, yt, n, p * PANEL);
+                q256_1_4(xt, dt, ct, kb, sub, w + p * gs, gs, 0, yt, n, p * PANEL);
             } else {
                 const q8_fn f = sizes[t] == 2 ? q256_2_2 : q256_1_2;
-                f(xt, dt, ct, kb, w + p * gs, gs, 0, yt, n, p * PANEL);
-                f(xt, dt, ct, kb, w + p * gs, gs, 1, yt, n, p * PANEL);
+                f(xt, dt, ct, kb, sub, w + p * gs, gs, 0, yt, n, p * PANEL);
+                f(xt, dt, ct, kb, sub, w + p * gs, gs, 1, yt, n, p * PANEL);
             }
         }
 }
@@ -970,7 +1046,11 @@ static int uses_amx(int simd, int64_t rows) {
 static int product_quant(const float *x, int64_t m, int64_t k, const uint16_t *w, int64_t n, const float *b,
                       float *y, int threads, int act, int fmt) {
     int64_t count = (n + PANEL - 1) / PANEL, tasks = (count + TASK - 1) / TASK, sizes[MC];
-    int64_t kp = kpad(k), kb = kp / QB, groups = kp / 4, mc0 = min64(m, MC), mq = (mc0 + 15) / 16 * 16;
+    int by_row = fmt & FMT_ROWS;
+    fmt &= ~FMT_ROWS;
+    /* bs: the inputs of a block (of one input scale); kb: blocks a row */
+    int64_t kp = kpad(k), bs = by_row ? kp : QB, kb = kp / bs, groups = kp / 4, mc0 = min64(m, MC);
+    int64_t mq = (mc0 + 15) / 16 * 16;
     int simd = q8_path(simd_path());
     int8_t *q = malloc((size_t)(mq * kp));
     float *d = malloc(sizeof(float) * (size_t)(mc0 * kb)), *dp = malloc(sizeof(float) * (size_t)(mq * kb));
@@ -981,12 +1061,15 @@ static int product_quant(const float *x, int64_t m, int64_t k, const uint16_t *w
     for (int64_t m0 = 0; m0 < m && !failed; m0 += MC) {
         int64_t mc = min64(MC, m - m0), pad = (mc + 15) / 16 * 16;
         int64_t tiles = fmt == FMT_Q4 ? q4_plan(simd, mc, sizes) : q8_plan(simd, mc, sizes);
-        int amx = fmt == FMT_I8 && uses_amx(simd, mc);
+        int amx = fmt == FMT_I8 && uses_amx(simd, mc) && (!by_row || kp % 64 == 0);
         for (int64_t r = 0; r < mc; r++) {
 #if HAVE_X86
-            if (simd == PATH_AVX512) { quantize_row512(x + (m0 + r) * k, k, q + r * kp, d + r * kb, c + r * kb); continue; }
+            if (simd == PATH_AVX512) {
+                quantize_row512(x + (m0 + r) * k, k, q + r * kp, d + r * kb, c + r * kb, bs);
+                continue;
+            }
 #endif
-            quantize_row(x + (m0 + r) * k, k, q + r * kp, d + r * kb, c + r * kb);
+            quantize_row(x + (m0 + r) * k, k, q + r * kp, d + r * kb, c + r * kb, bs);
         }
         if (amx) {
             memset(q + mc * kp, 0, (size_t)((pad - mc) * kp));
@@ -1011,16 +1094,17 @@ static int product_quant(const float *x, int64_t m, int64_t k, const uint16_t *w
         for (int64_t t = 0; t < tasks; t++) {
             int64_t p0 = t * TASK, p1 = min64(count, (t + 1) * TASK);
 #if HAVE_AMX
-            if (amx) q8_panels_amx(q, dp, mc, k, (const int8_t *)w, p0, p1, ym, n);
+            if (amx && by_row) q8_panels_amx_rows(q, dp, mc, k, (const int8_t *)w, p0, p1, ym, n);
+            else if (amx) q8_panels_amx(q, dp, mc, k, (const int8_t *)w, p0, p1, ym, n);
             else
 #endif
 #if HAVE_X86
             if (simd != PATH_PORTABLE && fmt == FMT_Q4) q4_panels_x86(simd, xg, dp, cp, mc, k, w, p0, p1, ym, n, sizes, tiles);
-            else if (simd != PATH_PORTABLE) q8_panels_x86(simd, xg, dp, cp, mc, k, (const int8_t *)w, p0, p1, ym, n, sizes, tiles);
+            else if (simd != PATH_PORTABLE) q8_panels_x86(simd, xg, dp, cp, mc, k, bs, (const int8_t *)w, p0, p1, ym, n, sizes, tiles);
             else
 #endif
             if (fmt == FMT_Q4) q4_portable(q, d, mc, k, w, p0, p1, ym, n);
-            else q8_portable(q, d, mc, k, (const int8_t *)w, p0, p1, ym, n);
+            else q8_portable(q, d, mc, k, bs, (const int8_t *)w, p0, p1, ym, n);
             finish_i8(simd, w, k, ym, mc, n, p0 * PANEL, min64(n, p1 * PANEL), b, act, fmt == FMT_I8);
         }
     }
@@ -1033,7 +1117,7 @@ static int product_quant(const float *x, int64_t m, int64_t k, const uint16_t *w
    among `threads` threads in tasks of TASK panels. Returns 0. */
 static int product(const float *x, int64_t m, int64_t k, const uint16_t *w, int64_t n, const float *b, float *y,
                    int fmt, int threads, int act) {
-    if (fmt == FMT_I8 || fmt == FMT_Q4) return product_quant(x, m, k, w, n, b, y, threads, act, fmt);
+    if ((fmt & ~FMT_ROWS) == FMT_I8 || fmt == FMT_Q4) return product_quant(x, m, k, w, n, b, y, threads, act, fmt);
     int64_t count = (n + PANEL - 1) / PANEL, tasks = (count + TASK - 1) / TASK, sizes[MC];
     int simd = simd_path();
     float *xp = NULL;
@@ -1670,6 +1754,7 @@ static Py_buffer *take(Held *h, PyObject *o, char code, int ndim, int writable) 
 /* 16-bit weights of n outputs over k inputs in panels (see the top of the file): a uint16 array
    [ceil(n / PANEL), k, PANEL]. NULL if it is not that. */
 static Py_buffer *take_weight(Held *h, PyObject *o, int64_t n, int64_t k, int64_t fmt) {
+    fmt &= ~(int64_t)FMT_ROWS;  /* (a flag on the products, not the weights) */
     Py_buffer *v = take(h, o, fmt >= FMT_I8 ? 'b' : 'H', 3, 0);
     if (!v || n < 1 || k < 1 || v->shape[0] != (n + PANEL - 1) / PANEL || v->shape[2] != PANEL
         || v->shape[1] != panel_elems(k, (int)fmt) / PANEL)
@@ -1696,7 +1781,9 @@ static int same_shape(const Py_buffer *a, const Py_buffer *b) {
 }
 
 /* A weight format code this file knows. */
-static int known_format(int64_t fmt) { return fmt == FMT_F16 || fmt == FMT_BF16 || fmt == FMT_I8 || fmt == FMT_Q4; }
+static int known_format(int64_t fmt) {
+    return fmt == FMT_F16 || fmt == FMT_BF16 || fmt == FMT_I8 || fmt == FMT_Q4 || fmt == (FMT_I8 | FMT_ROWS);
+}
 
 static int as_int64(PyObject *o, int64_t *out) {
     long long v = PyLong_AsLongLong(o);
@@ -1749,6 +1836,7 @@ static PyObject *py_unpack(PyObject *self, PyObject *const *a, Py_ssize_t na) {
     if (!check_nargs(na, 8, "unpack") || !as_int64(a[1], &n) || !as_int64(a[2], &j0) || !as_int64(a[3], &j1)
         || !as_int64(a[4], &k) || !as_int64(a[6], &fmt) || !as_int64(a[7], &threads))
         return NULL;
+    fmt &= ~(int64_t)FMT_ROWS;  /* (a flag on the products, not the weights) */
     Py_buffer *w = take_weight(&h, a[0], n, k, fmt);
     Py_buffer *out = take(&h, a[5], 'f', 2, 1);
     if (!w || !out || !known_format(fmt) || j0 < 0 || j1 > n || j1 < j0 || out->shape[0] != j1 - j0
@@ -1772,6 +1860,7 @@ static PyObject *py_unpack_t(PyObject *self, PyObject *const *a, Py_ssize_t na) 
     if (!check_nargs(na, 8, "unpack_t") || !as_int64(a[1], &n) || !as_int64(a[2], &p0) || !as_int64(a[3], &p1)
         || !as_int64(a[4], &k) || !as_int64(a[6], &fmt) || !as_int64(a[7], &threads))
         return NULL;
+    fmt &= ~(int64_t)FMT_ROWS;  /* (a flag on the products, not the weights) */
     Py_buffer *w = take_weight(&h, a[0], n, k, fmt);
     Py_buffer *out = take(&h, a[5], 'f', 2, 1);
     if (!w || !out || !known_format(fmt) || p0 < 0 || p1 > w->shape[0] || p1 <= p0 || out->shape[0] != k

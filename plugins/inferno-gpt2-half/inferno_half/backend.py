@@ -75,6 +75,12 @@ FORMATS = {"float16": 0, "bfloat16": 1, "int8": 2, "q4": 3}
 HEAD_DEFAULT = "q4"
 #: The formats whose products quantize their inputs (in blocks of `QB`, `quantize_blocks`).
 QUANTIZED = ("int8", "q4")
+#: How int8's products quantize their inputs (the `inputs` option): "blocks" of `QB` (the default, as
+#: llama.cpp's q8_0) or "rows", one scale per row (per token, as vLLM's W8A8 int8 and oneDNN's dynamic
+#: quantization): a row's int32 sum then runs over all of k, which AMX's tiles do at full depth.
+INPUTS = ("blocks", "rows")
+#: The flag on int8's format code for inputs=rows (`_kernels.c`'s FMT_ROWS).
+FMT_ROWS = 16
 #: Outputs per panel of the packed weights (`_kernels.c`'s PANEL).
 PANEL = 32
 #: int8 products quantize their inputs in blocks of this many (`_kernels.c`'s QB).
@@ -257,15 +263,16 @@ def _int8_rows(w: Weight16, ids: np.ndarray) -> np.ndarray:
     return grouped[np.arange(len(ids)), :, ids % PANEL].reshape(len(ids), kp)[:, :k]
 
 
-def quantize_blocks(x: np.ndarray) -> np.ndarray:
-    """float32 [m, k] → the values the int8 kernels multiply: each row in blocks of `QB` inputs over
-    d = max |block| / 127, q = x / d rounded to nearest even, as float32 q * d (NaN for a block holding inf
-    or NaN). The NumPy fallback's int8 products run on these, as the kernel does."""
+def quantize_blocks(x: np.ndarray, by_row: bool = False) -> np.ndarray:
+    """float32 [m, k] → the values the int8 kernels multiply: each row in blocks of `QB` inputs (by_row:
+    one block, the whole row) over d = max |block| / 127, q = x / d rounded to nearest even, as float32
+    q * d (NaN for a block holding inf or NaN). The NumPy fallback's int8 products run on these, as the
+    kernel does."""
     m, k = x.shape
     kp = kpad(k)
     blocks = np.zeros((m, kp), np.float32)
     blocks[:, :k] = x
-    blocks = blocks.reshape(m, kp // QB, QB)
+    blocks = blocks.reshape(m, 1, kp) if by_row else blocks.reshape(m, kp // QB, QB)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         amax = np.abs(blocks).max(axis=2, keepdims=True)
         d = amax / np.float32(127)
@@ -299,13 +306,16 @@ class HalfBackend(NumpyBackend):
         capped = f", capped by INFERNO_HALF_ISA={ISA_CAP}" if ISA_CAP != "native" else ""
         return f"compiled C ({simd}, {'OpenMP' if threads > 1 else 'one thread'}{capped})"
 
-    def __init__(self, dtype: Any = "float16", threads: Any = None, head: Any = None) -> None:
+    def __init__(self, dtype: Any = "float16", threads: Any = None, head: Any = None,
+                 inputs: Any = None) -> None:
         """`dtype`: how the weights are stored, "float16" (default: 11 significant bits), "bfloat16"
         (8 bits, float32's range; what a BF16 checkpoint holds exactly), "int8" (quantized at load:
         8-bit integers and one float32 scale per output; half the bytes again) or "q4" (4-bit integers
         and a float16 scale per block of 32 inputs, as llama.cpp's q4_0: 0.56 of int8's bytes). `head`
         (q4 only): the format of the embeddings and the LM head, "q4" (the default, `HEAD_DEFAULT`) or
-        "int8". `threads`: threads of the compiled kernel, None or "auto" for $INFERNO_THREADS,
+        "int8". `inputs` (int8 only): how the products quantize their inputs, "blocks" of 32 (the
+        default) or "rows" (one scale per row: less exact, and several times faster on AMX; see
+        `INPUTS`). `threads`: threads of the compiled kernel, None or "auto" for $INFERNO_THREADS,
         else the usable cores (`inferno.cpu`). Bad values raise ValueError naming the option."""
         super().__init__("float32")
         _check_isa_cap()
@@ -320,6 +330,14 @@ class HalfBackend(NumpyBackend):
         if name == "q4" and head not in (None, "q4", "int8"):
             raise ValueError(f"half backend: option head={head!r} is not supported (choose q4 or int8)")
         self.head_fmt = (head or HEAD_DEFAULT) if name == "q4" else name
+        if inputs is not None and name != "int8":
+            raise ValueError(f"half backend: option inputs={inputs!r} applies to dtype=int8 only")
+        if inputs not in (None, *INPUTS):
+            raise ValueError(f"half backend: option inputs={inputs!r} is not supported (choose blocks or rows)")
+        #: int8's inputs quantized by row (`INPUTS`), in every product (the embeddings' LM head too)
+        self.by_row = inputs == "rows"
+        if self.by_row:
+            self._code |= FMT_ROWS
         # The conformance suite's tolerances follow the rounding of the weights.
         # (int8 and q4 have no entry there: they get the loosest, bfloat16's.)
         self.dtype = np.dtype(np.float16) if name == "float16" else name
@@ -493,10 +511,11 @@ class HalfBackend(NumpyBackend):
         if _KERNELS is not None:
             y = np.empty((m, n), np.float32)
             x = _f32(x)
-            if _KERNELS.matmul(x, w.blocks, n, _bias(b), y, FORMATS[w.fmt], self.threads, gelu):
+            code = FORMATS[w.fmt] | (FMT_ROWS if self.by_row and w.fmt == "int8" else 0)
+            if _KERNELS.matmul(x, w.blocks, n, _bias(b), y, code, self.threads, gelu):
                 return y
-        if w.fmt in QUANTIZED:
-            x = quantize_blocks(_f32(x))  # the kernel's arithmetic: int8 inputs as well as weights
+        if w.fmt in QUANTIZED:  # the kernel's arithmetic: int8 inputs as well as weights
+            x = quantize_blocks(_f32(x), by_row=self.by_row and w.fmt == "int8")
         y = np.empty((m, n), np.float32)
         parts = _split(n, self.threads if _KERNELS is not None else 1)
         if len(parts) == 1:

@@ -17,6 +17,7 @@ KERNELS = hb._KERNELS
 WHY_NOT = "the C kernels are not built" if KERNELS is None else KERNELS.amx_support()
 pytestmark = pytest.mark.skipif(bool(WHY_NOT), reason=WHY_NOT or "AMX runs here")
 INT8 = hb.FORMATS["int8"]
+BY_ROW = INT8 | hb.FMT_ROWS  # inputs=rows: one input scale per row, the tiles at full depth
 
 
 @pytest.fixture(autouse=True)
@@ -30,12 +31,12 @@ def default_paths():
             KERNELS.force_portable(0)
 
 
-def product(x, w, n, b, threads, gelu, amx):
+def product(x, w, n, b, threads, gelu, amx, code=INT8):
     """y = x @ w.T + b (then gelu) on AMX for every row count (amx) or on VNNI only (not amx)."""
     assert KERNELS.amx_rows(1 if amx else 0) == (1 if amx else 0)
     assert KERNELS.int8_path(len(x)) == ("AMX-INT8" if amx else "AVX-512 VNNI")
     y = np.full((len(x), n), np.nan, np.float32)
-    assert KERNELS.matmul(np.ascontiguousarray(x), w.blocks, n, b, y, INT8, threads, gelu)
+    assert KERNELS.matmul(np.ascontiguousarray(x), w.blocks, n, b, y, code, threads, gelu)
     return y
 
 
@@ -43,11 +44,14 @@ def product(x, w, n, b, threads, gelu, amx):
 # blocks' zero padding); n not a multiple of 16 or 32 (the last half panel, a partial one).
 ROWS = [1, 2, 3, 5, 8, 12, 15, 16, 17, 31, 32, 33, 48, 63, 64, 65, 95, 96, 97, 112, 127, 160, 193, 200]
 SHAPES = [(33, 7), (70, 40), (96, 100), (130, 17), (768, 77)]
+# inputs=rows runs on tiles where kpad(k) is a multiple of 64 (TDPBSSD's depth), else on VNNI: these do.
+SHAPES_BY_ROW = [(33, 7), (64, 40), (128, 100), (190, 17), (768, 77)]
 
 
-@pytest.mark.parametrize("k, n", SHAPES)
+@pytest.mark.parametrize("code, k, n", [(INT8, k, n) for k, n in SHAPES] + [(BY_ROW, k, n) for k, n in SHAPES_BY_ROW],
+                         ids=[f"blocks-{k}x{n}" for k, n in SHAPES] + [f"rows-{k}x{n}" for k, n in SHAPES_BY_ROW])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_amx_product_is_the_vnni_product_bit_for_bit(k, n, threads):
+def test_amx_product_is_the_vnni_product_bit_for_bit(k, n, threads, code):
     rng = np.random.default_rng(k * 1000 + n)
     x_all = (rng.standard_normal((max(ROWS), k)) * rng.uniform(0.01, 10, (max(ROWS), 1))).astype(np.float32)
     w = hb.pack(rng.standard_normal((n, k)).astype(np.float32), "int8")
@@ -55,22 +59,23 @@ def test_amx_product_is_the_vnni_product_bit_for_bit(k, n, threads):
     for m in ROWS:
         x = x_all[:m]
         for bias, gelu in [(b, False), (None, False), (b, True)]:
-            want = product(x, w, n, bias, threads, gelu, amx=False)
-            got = product(x, w, n, bias, threads, gelu, amx=True)
+            want = product(x, w, n, bias, threads, gelu, amx=False, code=code)
+            got = product(x, w, n, bias, threads, gelu, amx=True, code=code)
             np.testing.assert_array_equal(got, want, err_msg=f"m={m} bias={bias is not None} gelu={gelu}")
 
 
-def test_amx_product_of_non_finite_inputs_is_the_vnni_product():
+@pytest.mark.parametrize("code", [INT8, BY_ROW], ids=["blocks", "rows"])
+def test_amx_product_of_non_finite_inputs_is_the_vnni_product(code):
     # A block holding inf or NaN has d = NaN: those rows come out NaN on both paths, the others unchanged.
     rng = np.random.default_rng(3)
-    k, n, m = 200, 70, 40
+    k, n, m = 256, 70, 40
     x = rng.standard_normal((m, k)).astype(np.float32)
     x[3, 5], x[17, 100], x[18, 199], x[39, 0] = np.inf, np.nan, -np.inf, np.nan
     w = hb.pack(rng.standard_normal((n, k)).astype(np.float32), "int8")
     b = rng.standard_normal(n).astype(np.float32)
     for threads in (1, 2):
-        want = product(x, w, n, b, threads, False, amx=False)
-        got = product(x, w, n, b, threads, False, amx=True)
+        want = product(x, w, n, b, threads, False, amx=False, code=code)
+        got = product(x, w, n, b, threads, False, amx=True, code=code)
         np.testing.assert_array_equal(got, want)
         assert np.isnan(got[[3, 17, 18, 39]]).all() and np.isfinite(np.delete(got, [3, 17, 18, 39], 0)).all()
 
@@ -118,9 +123,10 @@ def long_model_dir(tmp_path_factory):
     return write_model_dir(tmp_path_factory.mktemp("random-gpt2-128"), config)
 
 
+@pytest.mark.parametrize("inputs", ["blocks", "rows"])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_prefill_logits_are_identical_with_amx_on_and_off(long_model_dir, threads):
-    pipe = inferno.load(long_model_dir, f"half:dtype=int8,threads={threads}", download=False)
+def test_prefill_logits_are_identical_with_amx_on_and_off(long_model_dir, threads, inputs):
+    pipe = inferno.load(long_model_dir, f"half:dtype=int8,threads={threads},inputs={inputs}", download=False)
     ids = list(np.random.default_rng(7).integers(0, 50257, 100))
     KERNELS.amx_rows(-1)
     on = pipe.logits(ids)

@@ -19,9 +19,25 @@ from safetensors.numpy import load_file, save_file
 import inferno_half.backend as hb
 from inferno_half import HalfBackend
 
-FORMATS = ["float16", "bfloat16", "int8", "q4"]
-QUANTIZED = ("int8", "q4")  # their products quantize the inputs
+ROWS = "int8,inputs=rows"  # int8 weights, the products' inputs quantized with one scale per row
+FORMATS = ["float16", "bfloat16", "int8", ROWS, "q4"]
+QUANTIZED = ("int8", ROWS, "q4")  # their products quantize the inputs
 SIXTEEN = FORMATS[:2]
+
+
+def backend(fmt: str = "float16", **kw) -> HalfBackend:
+    """The backend of `fmt`, a dtype and its options ("int8,inputs=rows")."""
+    name, *options = fmt.split(",")
+    return HalfBackend(name, **dict(o.split("=") for o in options), **kw)
+
+
+def pack(w: np.ndarray, fmt: str) -> hb.Weight16:
+    return hb.pack(w, fmt.split(",")[0])
+
+
+def code(fmt: str) -> int:
+    """The kernels' format code of `fmt` (with inputs=rows, int8's and the FMT_ROWS flag)."""
+    return hb.FORMATS[fmt.split(",")[0]] | (hb.FMT_ROWS if fmt == ROWS else 0)
 PROMPTS = ["Hello", "The quick brown fox", "Once upon a time", "def main():", "Numbers: 1, 2, 3,", "新年快乐"]
 
 
@@ -80,9 +96,9 @@ def test_bfloat16_rounds_to_nearest_even():
 @pytest.mark.parametrize("n, k", [(21, 13), (64, 768 // 8), (50, 40), (8, 8), (1, 3)])
 def test_pack_keeps_every_value_and_row_gather(fmt, n, k, monkeypatch):
     a = np.random.default_rng(n * k).standard_normal((n, k)).astype(np.float32)
-    w = hb.pack(a, fmt)
+    w = pack(a, fmt)
     want = _rounded(a.T, fmt).T.astype(np.float32)
-    be = HalfBackend(fmt)
+    be = backend(fmt)
     np.testing.assert_array_equal(be.to_numpy(w), want)
     ids = np.array([[0, n - 1, n // 2], [n // 3, 0, n - 1]])
     np.testing.assert_array_equal(w.row_values(ids), want[ids])
@@ -103,7 +119,7 @@ def test_linear_matches_float64_of_the_rounded_weights(fmt, m, n, k, monkeypatch
     x = rng.standard_normal((m, k)).astype(np.float32)
     w_in_out = rng.standard_normal((k, n)).astype(np.float32)
     b = rng.standard_normal(n).astype(np.float32)
-    be = HalfBackend(fmt, threads=2)
+    be = backend(fmt, threads=2)
     w = be.prepare_weight("h.0.mlp.c_fc.weight", w_in_out)
     rounded = _rounded(w_in_out, fmt)
     want = _inputs(x, fmt) @ rounded + b
@@ -124,9 +140,9 @@ def test_kernel_product_of_many_rows_matches_float64(fmt, m, kernel_path):
     x = rng.standard_normal((m, k)).astype(np.float32)
     w_in_out = rng.standard_normal((k, n)).astype(np.float32)
     b = rng.standard_normal(n).astype(np.float32)
-    w = hb.pack(w_in_out.T, fmt)
+    w = pack(w_in_out.T, fmt)
     y = np.empty((m, n), np.float32)
-    assert hb._KERNELS.matmul(x, w.blocks, n, b, y, hb.FORMATS[fmt], 2, True)
+    assert hb._KERNELS.matmul(x, w.blocks, n, b, y, code(fmt), 2, True)
     want = _gelu64(_inputs(x, fmt) @ _rounded(w_in_out, fmt) + b)
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
 
@@ -140,11 +156,11 @@ def test_kernel_product_of_every_row_count_matches_float64(fmt, kernel_path):
     x_all = rng.standard_normal((2 * 96 + 1, k)).astype(np.float32)
     w_in_out = rng.standard_normal((k, n)).astype(np.float32)
     b = rng.standard_normal(n).astype(np.float32)
-    w = hb.pack(w_in_out.T, fmt)
+    w = pack(w_in_out.T, fmt)
     want_all = _inputs(x_all, fmt) @ _rounded(w_in_out, fmt) + b
     for m in range(1, len(x_all) + 1):
         y = np.full((m, n), np.nan, np.float32)
-        assert hb._KERNELS.matmul(x_all[:m], w.blocks, n, b, y, hb.FORMATS[fmt], 2, False)
+        assert hb._KERNELS.matmul(x_all[:m], w.blocks, n, b, y, code(fmt), 2, False)
         np.testing.assert_allclose(y, want_all[:m], rtol=1e-5, atol=1e-5, err_msg=f"{m} rows")
 
 
@@ -155,12 +171,12 @@ def test_a_row_gets_the_same_bits_in_any_batch_and_on_either_simd_path(fmt):
     rng = np.random.default_rng(5)
     k, n = 200, 300
     x = rng.standard_normal((40, k)).astype(np.float32)
-    w = hb.pack(rng.standard_normal((n, k)).astype(np.float32), fmt)
+    w = pack(rng.standard_normal((n, k)).astype(np.float32), fmt)
     b = rng.standard_normal(n).astype(np.float32)
 
     def product(rows):
         y = np.empty((len(rows), n), np.float32)
-        assert hb._KERNELS.matmul(np.ascontiguousarray(rows), w.blocks, n, b, y, hb.FORMATS[fmt], 2, False)
+        assert hb._KERNELS.matmul(np.ascontiguousarray(rows), w.blocks, n, b, y, code(fmt), 2, False)
         return y
 
     paths = [hb._KERNELS.simd()]
@@ -181,10 +197,53 @@ def test_a_row_gets_the_same_bits_in_any_batch_and_on_either_simd_path(fmt):
         np.testing.assert_array_equal(other, results[0])
 
 
+@pytest.mark.parametrize("fmt", ["int8", ROWS])
+def test_an_input_on_a_rounding_tie_quantizes_alike_on_every_path(fmt):
+    # x * id rounded to float32 lands exactly on k + 0.5 (then to even) though the exact product does not:
+    # a multiply and add fused by the compiler (-ffp-contract) rounded it the other way on the AVX-512 path.
+    rng = np.random.default_rng(11)
+    k, n = 64, 48
+    x = rng.uniform(-1, 1, (1, k)).astype(np.float32)
+    x[0, 0] = np.float32(11.49156)  # the largest: d and id fixed for the row (and its block of 32)
+    d = np.float32(np.abs(x).max() / np.float32(127))
+    inv = np.float32(1) / d
+    ties = []
+    for j in range(-60, 60):
+        t = np.float32((j + 0.5) / inv)
+        for step in range(-8, 9):
+            v = np.float32(t + np.float32(step) * np.spacing(t))
+            if np.float32(v * inv) == j + 0.5 and float(v) * float(inv) != j + 0.5:
+                ties.append(v)
+    assert len(ties) >= 20
+    x[0, 1 : 1 + 20] = ties[:20]
+    x[0, 33 : 33 + 20] = ties[-20:]
+    x[0, 32] = np.float32(11.49156)  # the second block's largest too
+    w_in_out = rng.standard_normal((k, n)).astype(np.float32)
+    w = pack(w_in_out.T, fmt)
+    results = []  # detected, AVX2 (where the CPU has it), portable C
+    for path in ("detected", "avx2", "portable"):
+        if path == "avx2" and hb._KERNELS.force_avx2(1) != 1:
+            continue
+        if path == "portable":
+            hb._KERNELS.force_portable(1)
+        try:
+            y = np.empty((1, n), np.float32)
+            assert hb._KERNELS.matmul(x, w.blocks, n, None, y, code(fmt), 1, False)
+        finally:
+            hb._KERNELS.force_portable(0)
+        results.append(y)
+    want = _inputs(x, fmt) @ _rounded(w_in_out, fmt)
+    for y in results:  # (one input a step off moves outputs by ~1e-3 of the largest)
+        np.testing.assert_allclose(y, want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
+    if len(results) == 3:  # the SIMD paths' bits are the same (portable C adds without FMA)
+        np.testing.assert_array_equal(results[1], results[0])
+
+
 def _rounded(w_in_out: np.ndarray, fmt: str) -> np.ndarray:
     """The weights the backend holds for `w_in_out` [in, out], in float64: rounded to the 16-bit format,
     for int8 each output's column quantized over max |column| / 127 and multiplied back, for q4 as
     `_q4_rounded`."""
+    fmt = fmt.split(",")[0]
     if fmt == "q4":
         return _q4_rounded(w_in_out)
     if fmt != "int8":
@@ -223,12 +282,12 @@ def test_quantized_product_of_a_non_finite_input_is_nan_not_garbage(fmt, m, kern
     k, n = 70, 40
     x = rng.standard_normal((m, k)).astype(np.float32)
     w_in_out = rng.standard_normal((k, n)).astype(np.float32)
-    w = hb.pack(w_in_out.T, fmt)
+    w = pack(w_in_out.T, fmt)
     want = _inputs(x, fmt) @ _rounded(w_in_out, fmt)
     x[0, 40] = np.inf
     x[-1, 69] = np.nan  # in the last, partial block
     y = np.zeros((m, n), np.float32)
-    assert hb._KERNELS.matmul(x, w.blocks, n, None, y, hb.FORMATS[fmt], 2, False)
+    assert hb._KERNELS.matmul(x, w.blocks, n, None, y, code(fmt), 2, False)
     assert np.all(np.isnan(y[0])) and np.all(np.isnan(y[-1]))
     np.testing.assert_allclose(y[1:-1], want[1:-1], rtol=1e-5, atol=1e-5)
 
@@ -236,7 +295,8 @@ def test_quantized_product_of_a_non_finite_input_is_nan_not_garbage(fmt, m, kern
 def _inputs(x: np.ndarray, fmt: str) -> np.ndarray:
     """What a product multiplies for the inputs x [..., k], in float64: x itself; for int8, x quantized as
     llama.cpp's q8_0 does, in blocks of 32 along k over d = max |block| / 127, x / d rounded to nearest
-    even (in float32, as the kernel computes it), times d. (q4's products quantize theirs the same way.)"""
+    even (in float32, as the kernel computes it), times d; with inputs=rows, one block the whole row.
+    (q4's products quantize theirs the same way.)"""
     x = np.asarray(x, np.float32)
     if fmt not in QUANTIZED:
         return x.astype(np.float64)
@@ -244,7 +304,7 @@ def _inputs(x: np.ndarray, fmt: str) -> np.ndarray:
     kp = -(-k // 32) * 32
     padded = np.zeros((*lead, kp), np.float32)
     padded[..., :k] = x
-    blocks = padded.reshape(*lead, kp // 32, 32)
+    blocks = padded.reshape(*lead, 1, kp) if fmt == ROWS else padded.reshape(*lead, kp // 32, 32)
     d = np.abs(blocks).max(axis=-1, keepdims=True) / np.float32(127)
     inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, np.float32(1)), np.float32(0))
     q = np.clip(np.rint(blocks * inv.astype(np.float32)), -127, 127)
@@ -286,7 +346,7 @@ def test_mlp_matches_float64_of_the_rounded_weights(fmt, b, t, c, kernel_path):
     x = (rng.standard_normal((b, t, c)) * 2).astype(np.float32)
     w_fc, w_proj = (rng.standard_normal(s).astype(np.float32) * 0.5 for s in ((c, 4 * c), (4 * c, c)))
     b_fc, b_proj = (rng.standard_normal(n).astype(np.float32) for n in (4 * c, c))
-    be = HalfBackend(fmt, threads=2)
+    be = backend(fmt, threads=2)
     got = be.mlp(x, be.prepare_weight("h.0.mlp.c_fc.weight", w_fc), b_fc,
                  be.prepare_weight("h.0.mlp.c_proj.weight", w_proj), b_proj)
     hidden = _gelu64(_inputs(x, fmt) @ _rounded(w_fc, fmt) + b_fc)
@@ -322,7 +382,7 @@ def test_self_attention_matches_float64_and_writes_the_cache(fmt, b, t, offset, 
     b_attn, b_proj = (rng.standard_normal(n).astype(np.float32) for n in (3 * c, c))
     length = offset + t + 2
     caches = [rng.standard_normal((b, n_head, length, d)).astype(np.float32) for _ in range(2)]
-    be = HalfBackend(fmt, threads=2)
+    be = backend(fmt, threads=2)
     kv = tuple(a.copy() for a in caches)
     got, (k_got, v_got) = be.self_attention(x, be.prepare_weight("h.0.attn.c_attn.weight", w_attn), b_attn,
                                             be.prepare_weight("h.0.attn.c_proj.weight", w_proj), b_proj,
@@ -433,14 +493,14 @@ def greedy_agrees(want: inferno.api.Pipeline, got_ids: list[int], prompt: str, m
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_greedy_ids_match_numpy_up_to_near_ties(model_dir, numpy_pipe, fmt):
     pipe = inferno.load(model_dir, f"half:dtype={fmt}", download=False)
-    margin = {"float16": 0.02, "bfloat16": 0.1, "int8": 0.3, "q4": 1.0}[fmt]
+    margin = {"float16": 0.02, "bfloat16": 0.1, "int8": 0.3, ROWS: 0.3, "q4": 1.0}[fmt]
     for prompt in PROMPTS:
         got = pipe.generate(prompt, max_new_tokens=16, stop_at_eos=False)
         assert len(got.ids) == 16, got.ids
         greedy_agrees(numpy_pipe, got.ids, prompt, margin)
 
 
-@pytest.mark.parametrize("fmt, tolerance", [("float16", 2e-3), ("bfloat16", 2e-2), ("int8", 5e-2),
+@pytest.mark.parametrize("fmt, tolerance", [("float16", 2e-3), ("bfloat16", 2e-2), ("int8", 5e-2), (ROWS, 5e-2),
                                             ("q4", 0.3), ("q4,head=int8", 0.3)])
 def test_logits_match_numpy(model_dir, numpy_pipe, fmt, tolerance):
     pipe = inferno.load(model_dir, f"half:dtype={fmt}", download=False)
@@ -619,7 +679,7 @@ def test_decode_runs_in_the_c_kernels_only(model_dir, monkeypatch):
 def _decode_inputs(c=64, n_head=4, b=1, t=1, length=16, offset=3, fmt="float16"):
     """The arguments of each C function for a small decode step (all of them what it takes)."""
     rng = np.random.default_rng(0)
-    be = HalfBackend(fmt, threads=2)
+    be = backend(fmt, threads=2)
     x = rng.standard_normal((b, t, c)).astype(np.float32)
     w_attn = be.prepare_weight("h.0.attn.c_attn.weight", rng.standard_normal((c, 3 * c)).astype(np.float32))
     w_proj = be.prepare_weight("h.0.attn.c_proj.weight", rng.standard_normal((c, c)).astype(np.float32))
@@ -628,16 +688,16 @@ def _decode_inputs(c=64, n_head=4, b=1, t=1, length=16, offset=3, fmt="float16")
     vec = {n: rng.standard_normal(n).astype(np.float32) for n in (c, 3 * c, 4 * c)}
     k, v = (rng.standard_normal((b, n_head, length, c // n_head)).astype(np.float32) for _ in range(2))
     q = rng.standard_normal((b, n_head, t, c // n_head)).astype(np.float32)
-    code = hb.FORMATS[fmt]
+    fmt_code = code(fmt)
     rows = x.reshape(b * t, c)
     return {
-        "matmul": [rows, w_fc.blocks, 4 * c, vec[4 * c], np.empty((b * t, 4 * c), np.float32), code, 2,
+        "matmul": [rows, w_fc.blocks, 4 * c, vec[4 * c], np.empty((b * t, 4 * c), np.float32), fmt_code, 2,
                    False],
         "layernorm": [x, vec[c], vec[c], 1e-5, np.empty_like(x)],
         "attention": [q, k, v, offset, np.empty_like(q), 2],
-        "self_attention": [x, w_attn.blocks, vec[3 * c], w_proj.blocks, vec[c], k, v, offset, n_head, code, 2,
+        "self_attention": [x, w_attn.blocks, vec[3 * c], w_proj.blocks, vec[c], k, v, offset, n_head, fmt_code, 2,
                            np.empty_like(x)],
-        "mlp": [rows, w_fc.blocks, 4 * c, vec[4 * c], w_out.blocks, vec[c], code, 2, np.empty_like(rows)],
+        "mlp": [rows, w_fc.blocks, 4 * c, vec[4 * c], w_out.blocks, vec[c], fmt_code, 2, np.empty_like(rows)],
     }
 
 
@@ -724,7 +784,7 @@ def _ragged_case(c, n_head, rows, length, fmt="float16", seed=0):
     from inferno.backends.base import RaggedRow
 
     rng = np.random.default_rng(seed)
-    be = HalfBackend(fmt, threads=2)
+    be = backend(fmt, threads=2)
     w_attn, w_proj = (rng.standard_normal(s).astype(np.float32) * 0.3 for s in ((c, 3 * c), (c, c)))
     b_attn, b_proj = (rng.standard_normal(n).astype(np.float32) for n in (3 * c, c))
     packed, start = [], 0
