@@ -896,20 +896,37 @@ static const struct {
 } __attribute__((aligned(64))) AMX_ROWS_CONFIG = {1, 0, {0}, {64, 64, 64, 64, 64, 64, 64, 64},
                                                    {16, 16, 16, 16, 16, 16, 16, 16}};
 
-/* Store sums tile T (16 rows x 16 outputs) as float(sum) * d[r] into y at col, rows below `rows`. */
-#define AMX_ROWS_OUT(T, s, d, rows, y, n, col) do { \
+X512 static inline __m512 exp16(__m512 x);
+
+/* gelu8's operations 16 lanes at a time (the same bits lane for lane). */
+X512 static inline __m512 gelu16(__m512 x) {
+    __m512 x3 = _mm512_mul_ps(_mm512_mul_ps(x, x), x);
+    __m512 u = _mm512_mul_ps(_mm512_set1_ps(-2.0f * 0.7978845608028654f),
+                             _mm512_fmadd_ps(x3, _mm512_set1_ps(0.044715f), x));
+    return _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), exp16(u)));
+}
+
+/* Sums tile T (16 rows x 16 outputs at col) stored to s, then each row's float(sum) * d[r], and the end
+   of the product as finish_i8_x86 does it lane for lane: one FMA with the output's scale and bias (0
+   without), then gelu_new with act; rows below `rows`, outputs below n. */
+#define AMX_ROWS_OUT(T, s, d, rows, y, n, col, sc, b, act) do { \
     AMX_STORE(T, s); \
     if ((col) < (n)) { \
         __mmask16 keep = (n) - (col) >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << ((n) - (col))) - 1); \
-        for (int r = 0; r < (rows); r++) \
-            _mm512_mask_storeu_ps((y) + r * (n) + (col), keep, _mm512_mul_ps( \
-                _mm512_cvtepi32_ps(_mm512_load_si512((const void *)((s) + 16 * r))), _mm512_set1_ps((d)[r]))); \
+        __m512 scale = _mm512_loadu_ps(sc), bias = (b) ? _mm512_maskz_loadu_ps(keep, (b) + (col)) : _mm512_setzero_ps(); \
+        for (int r = 0; r < (rows); r++) { \
+            __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512((const void *)((s) + 16 * r))), \
+                                     _mm512_set1_ps((d)[r])); \
+            v = _mm512_fmadd_ps(v, scale, bias); \
+            if (act) v = gelu16(v); \
+            _mm512_mask_storeu_ps((y) + r * (n) + (col), keep, v); \
+        } \
     } } while (0)
 
-/* Panels p0 .. p1 - 1 of the products for the quantized rows q [m][kp] (padded with zero rows to a
-   multiple of 16), d [m] their scales, into y; as q8_panels_amx. */
+/* Panels p0 .. p1 - 1 of the product of the quantized rows q [m][kp] (padded with zero rows to a
+   multiple of 16; d [m] their scales), finished (scales, bias b, gelu_new with act), into y. */
 XAMX static void q8_panels_amx_rows(const int8_t *q, const float *d, int64_t m, int64_t k, const int8_t *w,
-                                    int64_t p0, int64_t p1, float *y, int64_t n) {
+                                    int64_t p0, int64_t p1, float *y, int64_t n, const float *b, int act) {
     int64_t kp = kpad(k), gs = panel_elems(k, FMT_I8);
     int32_t s[256] __attribute__((aligned(64)));
     _tile_loadconfig(&AMX_ROWS_CONFIG);
@@ -918,33 +935,81 @@ XAMX static void q8_panels_amx_rows(const int8_t *q, const float *d, int64_t m, 
         const int8_t *qa = q + r0 * kp, *qb = qa + 16 * kp;
         for (int64_t p = p0; p < p1; p++) {
             const int8_t *wp = w + p * gs;
+            const float *sc = scales_of((const uint16_t *)w, p, k);
             _tile_zero(4); _tile_zero(5);
-            if (two) { _tile_zero(6); _tile_zero(7); }
-            for (int64_t i = 0; i < kp; i += 64) {
-                /* 16 groups of 4 inputs: rows 128 bytes apart, each half panel 64 bytes of them */
-                _tile_loadd(2, wp + i * PANEL, 4 * PANEL);
-                _tile_loadd(3, wp + i * PANEL + 64, 4 * PANEL);
-                _tile_loadd(0, qa + i, kp);
-                _tile_dpbssd(4, 0, 2);
-                _tile_dpbssd(5, 0, 3);
-                if (two) {
+            if (two) {
+                _tile_zero(6); _tile_zero(7);
+                for (int64_t i = 0; i < kp; i += 64) {
+                    /* 16 groups of 4 inputs: rows 128 bytes apart, each half panel 64 bytes of them */
+                    _tile_loadd(2, wp + i * PANEL, 4 * PANEL);
+                    _tile_loadd(3, wp + i * PANEL + 64, 4 * PANEL);
+                    _tile_loadd(0, qa + i, kp);
                     _tile_loadd(1, qb + i, kp);
+                    _tile_dpbssd(4, 0, 2);
+                    _tile_dpbssd(5, 0, 3);
                     _tile_dpbssd(6, 1, 2);
                     _tile_dpbssd(7, 1, 3);
+                }
+            } else {
+                for (int64_t i = 0; i < kp; i += 64) {
+                    _tile_loadd(2, wp + i * PANEL, 4 * PANEL);
+                    _tile_loadd(3, wp + i * PANEL + 64, 4 * PANEL);
+                    _tile_loadd(0, qa + i, kp);
+                    _tile_dpbssd(4, 0, 2);
+                    _tile_dpbssd(5, 0, 3);
                 }
             }
             int64_t col = p * PANEL;
             int ra = (int)min64(16, m - r0);
-            AMX_ROWS_OUT(4, s, d + r0, ra, y + r0 * n, n, col);
-            AMX_ROWS_OUT(5, s, d + r0, ra, y + r0 * n, n, col + 16);
+            AMX_ROWS_OUT(4, s, d + r0, ra, y + r0 * n, n, col, sc, b, act);
+            AMX_ROWS_OUT(5, s, d + r0, ra, y + r0 * n, n, col + 16, sc + 16, b, act);
             if (two) {
                 int rb = (int)min64(16, m - r0 - 16);
-                AMX_ROWS_OUT(6, s, d + r0 + 16, rb, y + (r0 + 16) * n, n, col);
-                AMX_ROWS_OUT(7, s, d + r0 + 16, rb, y + (r0 + 16) * n, n, col + 16);
+                AMX_ROWS_OUT(6, s, d + r0 + 16, rb, y + (r0 + 16) * n, n, col, sc, b, act);
+                AMX_ROWS_OUT(7, s, d + r0 + 16, rb, y + (r0 + 16) * n, n, col + 16, sc + 16, b, act);
             }
         }
     }
     _tile_release();
+}
+
+/* Rows a task of product_rows_amx takes (a multiple of 32: its tiles of rows go in pairs). */
+#define AMX_ROW_BLOCK 96
+
+/* product() of an int8 weight with inputs=rows on AMX: every row quantized (in parallel), then tasks of
+   AMX_ROW_BLOCK rows by TASK panels split among the threads, each finishing its outputs. Returns 0, or
+   -1 out of memory. */
+XAMX static int product_rows_amx(const float *x, int64_t m, int64_t k, const uint16_t *w, int64_t n,
+                                 const float *b, float *y, int threads, int act) {
+    int64_t kp = kpad(k), mp = (m + 15) / 16 * 16, count = (n + PANEL - 1) / PANEL;
+    int64_t ptasks = (count + TASK - 1) / TASK, rtasks = (m + AMX_ROW_BLOCK - 1) / AMX_ROW_BLOCK;
+    int8_t *q = malloc((size_t)(mp * kp));
+    float *d = malloc(sizeof(float) * (size_t)mp);
+    if (!q || !d) { free(q); free(d); return -1; }
+    memset(q + m * kp, 0, (size_t)((mp - m) * kp));
+    (void)threads;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(threads > 0 ? threads : 1) if (threads > 1)
+#endif
+    {
+#ifdef _OPENMP
+#pragma omp for schedule(static)
+#endif
+        for (int64_t r = 0; r < m; r++) {
+            int32_t c;
+            quantize_row512(x + r * k, k, q + r * kp, d + r, &c, kp);
+        }
+#ifdef _OPENMP
+#pragma omp for schedule(static)
+#endif
+        for (int64_t t = 0; t < rtasks * ptasks; t++) {
+            int64_t r0 = t / ptasks * AMX_ROW_BLOCK, p0 = t % ptasks * TASK;
+            q8_panels_amx_rows(q + r0 * kp, d + r0, min64(AMX_ROW_BLOCK, m - r0), k, (const int8_t *)w, p0,
+                               min64(count, p0 + TASK), y + r0 * n, n, b, act);
+        }
+    }
+    free(q); free(d);
+    return 0;
 }
 #endif
 
@@ -1051,6 +1116,10 @@ static int product_quant(const float *x, int64_t m, int64_t k, const uint16_t *w
     /* bs: the inputs of a block (of one input scale); kb: blocks a row */
     int64_t kp = kpad(k), bs = by_row ? kp : QB, kb = kp / bs, groups = kp / 4, mc0 = min64(m, MC);
     int64_t mq = (mc0 + 15) / 16 * 16;
+#if HAVE_AMX
+    if (by_row && fmt == FMT_I8 && kp % 64 == 0 && uses_amx(q8_path(simd_path()), m))
+        return product_rows_amx(x, m, k, w, n, b, y, threads, act);
+#endif
     int simd = q8_path(simd_path());
     int8_t *q = malloc((size_t)(mq * kp));
     float *d = malloc(sizeof(float) * (size_t)(mc0 * kb)), *dp = malloc(sizeof(float) * (size_t)(mq * kb));
@@ -1061,7 +1130,7 @@ static int product_quant(const float *x, int64_t m, int64_t k, const uint16_t *w
     for (int64_t m0 = 0; m0 < m && !failed; m0 += MC) {
         int64_t mc = min64(MC, m - m0), pad = (mc + 15) / 16 * 16;
         int64_t tiles = fmt == FMT_Q4 ? q4_plan(simd, mc, sizes) : q8_plan(simd, mc, sizes);
-        int amx = fmt == FMT_I8 && uses_amx(simd, mc) && (!by_row || kp % 64 == 0);
+        int amx = fmt == FMT_I8 && !by_row && uses_amx(simd, mc);
         for (int64_t r = 0; r < mc; r++) {
 #if HAVE_X86
             if (simd == PATH_AVX512) {
@@ -1094,8 +1163,7 @@ static int product_quant(const float *x, int64_t m, int64_t k, const uint16_t *w
         for (int64_t t = 0; t < tasks; t++) {
             int64_t p0 = t * TASK, p1 = min64(count, (t + 1) * TASK);
 #if HAVE_AMX
-            if (amx && by_row) q8_panels_amx_rows(q, dp, mc, k, (const int8_t *)w, p0, p1, ym, n);
-            else if (amx) q8_panels_amx(q, dp, mc, k, (const int8_t *)w, p0, p1, ym, n);
+            if (amx) q8_panels_amx(q, dp, mc, k, (const int8_t *)w, p0, p1, ym, n);
             else
 #endif
 #if HAVE_X86
