@@ -42,6 +42,9 @@
 /* A flag on FMT_I8 for the products: the inputs quantized with one scale per row, not per block of QB
    (see "int8 products"). The weights are the same. */
 #define FMT_ROWS 16
+/* A flag on the format of self_attention: a long prompt's attention on AMX-BF16 tiles where the CPU has
+   them (see "attention on AMX-BF16 tiles"). */
+#define FMT_ATT16 32
 
 #define PANEL 32   /* outputs per panel */
 #define TASK 4     /* panels per thread task: 128 outputs */
@@ -1528,6 +1531,195 @@ static int attend_blocked(int64_t b, int64_t h, int64_t hkv, int64_t t, int64_t 
 #endif
 }
 
+/* ------------------------------------------------------------------------ attention on AMX-BF16 tiles
+   A long prompt's attention in bfloat16 tiles (TDPBF16PS: 16 x 32 by 32 x 16 bfloat16 products summed in
+   float32), as PyTorch's bfloat16 attention runs on this hardware: the queries, keys, values and the
+   softmax weights rounded to bfloat16 (to nearest even), the scores, the softmax and every sum float32.
+   Per 16 queries of a head: S = Q K^T by 16 keys (d / 32 tile products each), an exact softmax per row
+   in AVX-512 (exp16), then P V by 32 keys into up to 4 tiles of 16 outputs. The keys and values of each
+   key/value head are packed once, in the tiles' pair layout: kt [d / 2][lk][2], vt [lk / 2][d][2]. */
+#if HAVE_AMX
+#define XAMXB __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+
+static const struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} __attribute__((aligned(64))) AMX_BF16_CONFIG = {1, 0, {0}, {64, 64, 64, 64, 64, 64, 64, 64},
+                                                   {16, 16, 16, 16, 16, 16, 16, 16}};
+
+/* Why the bfloat16 tiles cannot run here ("" when they can): AMX's checks, and AMX-BF16. */
+static const char *amx_bf16_check(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 22))) return "CPU lacks AMX-BF16";
+    return amx_support();
+}
+
+/* 16 float32 → bfloat16 (nearest, ties to even, as to_bf16), each in the low half of a 32-bit lane. */
+XAMXB static inline __m512i bf16_lanes(__m512 v) {
+    __m512i u = _mm512_castps_si512(v);
+    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF),
+                                                     _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))));
+    return _mm512_srli_epi32(r, 16);
+}
+
+/* 16 float32 → 16 bfloat16 side by side. */
+XAMXB static inline __m256i to_bf16x16(__m512 v) { return _mm512_cvtepi32_epi16(bf16_lanes(v)); }
+
+static inline uint16_t to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+}
+
+/* The store of a float32 sums tile T (16 x 16) to s, 64 bytes a row. */
+#define AMX_STORE_F(T, s) \
+    __asm__ volatile("{tilestored\t%%tmm" #T ", (%1,%2,1)|tilestored\t[%1+%2*1], %%tmm" #T "}" \
+                     : "=m"(*(float(*)[256])(s)) : "r"(s), "r"((long)64))
+
+/* One tile of up to 16 queries (the first mr real; qb [16][d] bfloat16, zero past mr) of a head over
+   keys 0 .. first + mr - 2 (row r sees first + r of them): kt, vt the packed keys and values of its
+   key/value head (lk keys, a multiple of 32, zero past the last). s [16][lk] float32, pb [16][lk]
+   bfloat16, ob [4][256] float32: scratch. Out row r at out + r * o_stride. d a multiple of 32. */
+XAMXB static void attend_tile_bf16(const uint16_t *qb, const uint16_t *kt, const uint16_t *vt, int64_t lk, int64_t d,
+                                   int64_t first, int mr, float scale, float *s, uint16_t *pb, float *ob, float *out,
+                                   int64_t o_stride) {
+    int64_t keys = first + mr - 1, nk = (keys + 31) / 32 * 32;
+    /* S by 64 keys: four sums tiles (2, 5, 6, 7) in flight, a chunk of the queries loaded once for them */
+    for (int64_t j0 = 0; j0 < keys; j0 += 64) {
+        int parts = (int)min64(4, (nk - j0) / 16);
+        _tile_zero(2); _tile_zero(5); _tile_zero(6); _tile_zero(7);
+        for (int64_t c0 = 0; c0 < d; c0 += 32) {
+            const uint16_t *kc = kt + (c0 / 2) * lk * 2 + j0 * 2;
+            _tile_loadd(0, qb + c0, d * 2);
+            _tile_loadd(1, kc, lk * 4);
+            _tile_dpbf16ps(2, 0, 1);
+            if (parts > 1) { _tile_loadd(4, kc + 32, lk * 4); _tile_dpbf16ps(5, 0, 4); }
+            if (parts > 2) { _tile_loadd(1, kc + 64, lk * 4); _tile_dpbf16ps(6, 0, 1); }
+            if (parts > 3) { _tile_loadd(4, kc + 96, lk * 4); _tile_dpbf16ps(7, 0, 4); }
+        }
+        _tile_stored(2, s + j0, lk * 4);
+        if (parts > 1) _tile_stored(5, s + j0 + 16, lk * 4);
+        if (parts > 2) _tile_stored(6, s + j0 + 32, lk * 4);
+        if (parts > 3) _tile_stored(7, s + j0 + 48, lk * 4);
+    }
+    float inv[16];
+    const __m512 vscale = _mm512_set1_ps(scale);
+    for (int r = 0; r < 16; r++) {
+        int64_t n = r < mr ? first + r : 0;
+        float *sr = s + r * lk;
+        uint16_t *pr = pb + r * lk;
+        __m512 vm = _mm512_set1_ps(-INFINITY);
+        int64_t j = 0;
+        for (; j + 16 <= n; j += 16) {
+            __m512 x = _mm512_mul_ps(_mm512_loadu_ps(sr + j), vscale);
+            _mm512_storeu_ps(sr + j, x);
+            vm = _mm512_max_ps(vm, x);
+        }
+        float m = _mm512_reduce_max_ps(vm);
+        for (; j < n; j++) { sr[j] *= scale; m = sr[j] > m ? sr[j] : m; }
+        __m512 vs = _mm512_setzero_ps();
+        vm = _mm512_set1_ps(m);
+        for (j = 0; j + 16 <= n; j += 16) {
+            __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(sr + j), vm));
+            vs = _mm512_add_ps(vs, e);
+            _mm256_storeu_si256((__m256i *)(pr + j), to_bf16x16(e));
+        }
+        float sum = _mm512_reduce_add_ps(vs);
+        for (; j < n; j++) { float e = expf(sr[j] - m); sum += e; pr[j] = to_bf16(e); }
+        for (; j < nk; j++) pr[j] = 0;
+        inv[r] = n ? 1.0f / sum : 0.0f;
+    }
+    for (int64_t c0 = 0; c0 < d; c0 += 64) {
+        int parts = (int)min64(4, (d - c0) / 16);
+        _tile_zero(2); _tile_zero(5); _tile_zero(6); _tile_zero(7);
+        for (int64_t j0 = 0; j0 < nk; j0 += 32) {
+            _tile_loadd(3, pb + j0, lk * 2);
+            const uint16_t *vrow = vt + (j0 / 2) * d * 2 + c0 * 2;
+            _tile_loadd(4, vrow, d * 4);
+            _tile_dpbf16ps(2, 3, 4);
+            if (parts > 1) { _tile_loadd(4, vrow + 32, d * 4); _tile_dpbf16ps(5, 3, 4); }
+            if (parts > 2) { _tile_loadd(4, vrow + 64, d * 4); _tile_dpbf16ps(6, 3, 4); }
+            if (parts > 3) { _tile_loadd(4, vrow + 96, d * 4); _tile_dpbf16ps(7, 3, 4); }
+        }
+        AMX_STORE_F(2, ob);
+        if (parts > 1) AMX_STORE_F(5, ob + 256);
+        if (parts > 2) AMX_STORE_F(6, ob + 512);
+        if (parts > 3) AMX_STORE_F(7, ob + 768);
+        for (int r = 0; r < mr; r++) {
+            __m512 f = _mm512_set1_ps(inv[r]);
+            for (int u = 0; u < parts; u++)
+                _mm512_storeu_ps(out + r * o_stride + c0 + 16 * u, _mm512_mul_ps(_mm512_loadu_ps(ob + 256 * u + 16 * r), f));
+        }
+    }
+}
+
+/* attend_blocked's attention on AMX-BF16 tiles, in tiles of 16 queries. Returns 0, or -1 when it cannot
+   run (no AMX-BF16 or tile data, d not a multiple of 32, out of memory): then nothing is computed. */
+XAMXB static int attend_amx_bf16(int64_t b, int64_t h, int64_t hkv, int64_t t, int64_t d, const float *q, int64_t q_s,
+                                 int64_t q_h, int64_t q_t, const float *k, const float *v, int64_t l, int64_t offset,
+                                 float *out, int64_t o_s, int64_t o_h, int64_t o_t, int threads) {
+    if (d % 32 || amx_bf16_check()[0]) return -1;
+    int64_t keys = offset + t, lk = (keys + 31) / 32 * 32, tiles = (t + 15) / 16, group = h / hkv;
+    uint16_t *kt = calloc((size_t)(b * hkv * d * lk), 2), *vt = calloc((size_t)(b * hkv * d * lk), 2);
+    if (!kt || !vt) { free(kt); free(vt); return -1; }
+    float scale = 1.0f / sqrtf((float)d);
+    int failed = 0;
+    (void)threads;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(threads > 0 ? threads : 1) if (threads > 1)
+#endif
+    {
+        float *scratch = malloc(sizeof(float) * (size_t)(16 * lk + 1024) + sizeof(uint16_t) * (size_t)(16 * lk + 16 * d));
+        if (!scratch) failed = 1;
+#ifdef _OPENMP
+#pragma omp for schedule(static)
+#endif
+        for (int64_t bh = 0; bh < b * hkv; bh++) {
+            const float *kh = k + bh * l * d, *vh = v + bh * l * d;
+            uint32_t *kd = (uint32_t *)(kt + bh * d * lk), *vd = (uint32_t *)(vt + bh * d * lk);
+            /* a key's d values are d / 2 pairs, pair i to row i of kd (lk pairs a row): 8 by a scatter */
+            const __m256i rows8 = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)lk));
+            for (int64_t j = 0; j < keys; j++)
+                for (int64_t c = 0; c < d; c += 16)
+                    _mm256_i32scatter_epi32((int *)(kd + (c / 2) * lk + j), rows8,
+                                            to_bf16x16(_mm512_loadu_ps(kh + j * d + c)), 4);
+            /* keys j, j + 1 side by side in each 32-bit lane, d of them a row */
+            for (int64_t j = 0; j < keys; j += 2)
+                for (int64_t c = 0; c < d; c += 16) {
+                    __m512i lo = bf16_lanes(_mm512_loadu_ps(vh + j * d + c));
+                    __m512i hi = j + 1 < keys ? bf16_lanes(_mm512_loadu_ps(vh + (j + 1) * d + c)) : _mm512_setzero_si512();
+                    _mm512_storeu_si512((void *)(vd + (j / 2) * d + c), _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+                }
+        }
+#ifdef _OPENMP
+#pragma omp for schedule(dynamic, 1)
+#endif
+        for (int64_t item = 0; item < b * h * tiles; item++) {
+            if (!scratch) continue;
+            int64_t bh = item / tiles, tile = tiles - 1 - item % tiles, seq = bh / h, head = bh % h;
+            int64_t kv = seq * hkv + head / group;
+            int64_t i0 = tile * 16;
+            int mr = (int)min64(16, t - i0);
+            float *s = scratch, *ob = scratch + 16 * lk;
+            uint16_t *pb = (uint16_t *)(ob + 1024), *qb = pb + 16 * lk;
+            for (int r = 0; r < 16; r++)
+                for (int64_t c = 0; c < d; c += 16)
+                    _mm256_storeu_si256((__m256i *)(qb + r * d + c),
+                                        r < mr ? to_bf16x16(_mm512_loadu_ps(q + seq * q_s + head * q_h + (i0 + r) * q_t + c))
+                                               : _mm256_setzero_si256());
+            _tile_loadconfig(&AMX_BF16_CONFIG);
+            attend_tile_bf16(qb, kt + kv * d * lk, vt + kv * d * lk, lk, d, offset + i0 + 1, mr, scale, s, pb, ob,
+                             out + seq * o_s + head * o_h + i0 * o_t, o_t);
+            _tile_release();
+        }
+        free(scratch);
+    }
+    free(kt); free(vt);
+    return failed ? -1 : 0;
+}
+#endif
+
 /* Prompts of more queries than this attend in tiles (attend_blocked) on the AVX-512 path. */
 #define BLOCKED_QUERIES 64
 
@@ -1537,7 +1729,7 @@ static int attend_blocked(int64_t b, int64_t h, int64_t hkv, int64_t t, int64_t 
    layout c_proj takes). One call instead of NumPy's head split, two cache writes, a query copy and the
    head merge. Returns 0. */
 static int qkv_attention(const float *qkv, int64_t b, int64_t t, int64_t h, int64_t d, float *k, float *v,
-                               int64_t l, int64_t offset, float *out, int threads) {
+                               int64_t l, int64_t offset, float *out, int threads, int att16) {
     int64_t c = h * d;
     for (int64_t seq = 0; seq < b; seq++)
         for (int64_t i = 0; i < t; i++)
@@ -1547,6 +1739,13 @@ static int qkv_attention(const float *qkv, int64_t b, int64_t t, int64_t h, int6
                 memcpy(k + at, row + c, sizeof(float) * (size_t)d);
                 memcpy(v + at, row + 2 * c, sizeof(float) * (size_t)d);
             }
+#if HAVE_AMX
+    if (att16 && t > BLOCKED_QUERIES && simd_path() == PATH_AVX512
+        && !attend_amx_bf16(b, h, h, t, d, qkv, t * 3 * c, d, 3 * c, k, v, l, offset, out, t * c, d, c, threads))
+        return 0;
+#else
+    (void)att16;
+#endif
     if (t > BLOCKED_QUERIES && d % 16 == 0 && simd_path() == PATH_AVX512
         && !attend_blocked(b, h, h, t, d, qkv, t * 3 * c, d, 3 * c, k, v, l, offset, out, t * c, d, c, threads))
         return 0;
@@ -1945,7 +2144,9 @@ static PyObject *py_unpack_t(PyObject *self, PyObject *const *a, Py_ssize_t na) 
 static PyObject *py_layernorm(PyObject *self, PyObject *const *a, Py_ssize_t na) {
     (void)self;
     Held h = {.n = 0};
-    if (!check_nargs(na, 5, "layernorm")) return NULL;
+    int64_t threads = 1;
+    if (na != 6 && !check_nargs(na, 5, "layernorm")) return NULL;
+    if (na == 6 && !as_int64(a[5], &threads)) return NULL;
     double eps = PyFloat_AsDouble(a[3]);
     if (eps == -1.0 && PyErr_Occurred()) return NULL;
     const float *gamma, *beta;
@@ -1957,7 +2158,16 @@ static PyObject *py_layernorm(PyObject *self, PyObject *const *a, Py_ssize_t na)
         || !gamma || !beta)
         NOT_TAKEN;
     Py_BEGIN_ALLOW_THREADS
-    layernorm_rows(x->buf, rows, c, gamma, beta, eps, out->buf);
+    /* A prompt's rows split among the threads (each row computed as alone: the same bits). */
+    int64_t parts = threads > 1 && rows >= 64 ? threads : 1;
+    (void)parts;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads((int)parts) if (parts > 1)
+#endif
+    for (int64_t p = 0; p < parts; p++) {
+        int64_t r0 = rows * p / parts, r1 = rows * (p + 1) / parts;
+        layernorm_rows((const float *)x->buf + r0 * c, r1 - r0, c, gamma, beta, eps, (float *)out->buf + r0 * c);
+    }
     Py_END_ALLOW_THREADS
     release(&h);
     Py_RETURN_TRUE;
@@ -1977,8 +2187,9 @@ static int caches_fit(Py_buffer *k, Py_buffer *v, int64_t b, int64_t hd, int64_t
 static PyObject *py_attention(PyObject *self, PyObject *const *a, Py_ssize_t na) {
     (void)self;
     Held h = {.n = 0};
-    int64_t offset, threads;
-    if (!check_nargs(na, 6, "attention") || !as_int64(a[3], &offset) || !as_int64(a[5], &threads)) return NULL;
+    int64_t offset, threads, att16 = 0;
+    if (na != 7 && !check_nargs(na, 6, "attention")) return NULL;
+    if (!as_int64(a[3], &offset) || !as_int64(a[5], &threads) || (na == 7 && !as_int64(a[6], &att16))) return NULL;
     Py_buffer *q = take(&h, a[0], 'f', 4, 0);
     if (!q) NOT_TAKEN;
     int64_t b = q->shape[0], hd = q->shape[1], t = q->shape[2], d = q->shape[3];
@@ -1989,10 +2200,18 @@ static PyObject *py_attention(PyObject *self, PyObject *const *a, Py_ssize_t na)
         NOT_TAKEN;
     int64_t l = k->shape[2];
     Py_BEGIN_ALLOW_THREADS
-    /* A long prompt attends in tiles of queries on the AVX-512 path (as the fused block does). */
-    if (!(t > BLOCKED_QUERIES && d % 16 == 0 && simd_path() == PATH_AVX512
-          && !attend_blocked(b, hd, hkv, t, d, q->buf, hd * t * d, t * d, d, k->buf, v->buf, l, offset, out->buf,
-                             hd * t * d, t * d, d, (int)threads)))
+    /* A long prompt attends in tiles of queries on the AVX-512 path (as the fused block does): with att16,
+       bfloat16 tiles where the CPU has them. */
+    int tiled = t > BLOCKED_QUERIES && simd_path() == PATH_AVX512, done = 0;
+#if HAVE_AMX
+    done = att16 && tiled
+           && !attend_amx_bf16(b, hd, hkv, t, d, q->buf, hd * t * d, t * d, d, k->buf, v->buf, l, offset, out->buf,
+                               hd * t * d, t * d, d, (int)threads);
+#endif
+    if (!done && tiled && d % 16 == 0)
+        done = !attend_blocked(b, hd, hkv, t, d, q->buf, hd * t * d, t * d, d, k->buf, v->buf, l, offset, out->buf,
+                               hd * t * d, t * d, d, (int)threads);
+    if (!done)
         attend_all(b, hd, hkv, t, d, q->buf, hd * t * d, t * d, d, k->buf, v->buf, l, offset, out->buf,
                    hd * t * d, t * d, d, (int)threads);
     Py_END_ALLOW_THREADS
@@ -2011,6 +2230,8 @@ static PyObject *py_self_attention(PyObject *self, PyObject *const *a, Py_ssize_
     if (!check_nargs(na, 12, "self_attention") || !as_int64(a[7], &offset) || !as_int64(a[8], &n_head)
         || !as_int64(a[9], &fmt) || !as_int64(a[10], &threads))
         return NULL;
+    int att16 = (fmt & FMT_ATT16) != 0;
+    fmt &= ~(int64_t)FMT_ATT16;
     const float *b_attn, *b_proj;
     Py_buffer *x = take(&h, a[0], 'f', 3, 0);
     if (!x || n_head < 1) NOT_TAKEN;
@@ -2028,7 +2249,7 @@ static PyObject *py_self_attention(PyObject *self, PyObject *const *a, Py_ssize_
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = product(x->buf, m, c, wa->buf, 3 * c, b_attn, qkv, (int)fmt, (int)threads, 0);
-    if (!rc) qkv_attention(qkv, b, t, n_head, d, k->buf, v->buf, l, offset, y, (int)threads);
+    if (!rc) qkv_attention(qkv, b, t, n_head, d, k->buf, v->buf, l, offset, y, (int)threads, att16);
     if (!rc) rc = product(y, m, c, wp->buf, c, b_proj, out->buf, (int)fmt, (int)threads, 0);
     Py_END_ALLOW_THREADS
     free(qkv);
@@ -2282,6 +2503,15 @@ static PyObject *py_amx_support(PyObject *self, PyObject *unused) {
     return PyUnicode_FromString(amx_support());
 }
 
+static PyObject *py_amx_bf16_support(PyObject *self, PyObject *unused) {
+    (void)self; (void)unused;
+#if HAVE_AMX
+    return PyUnicode_FromString(simd_path() == PATH_AVX512 ? amx_bf16_check() : "a lesser path is forced");
+#else
+    return PyUnicode_FromString(amx_support());
+#endif
+}
+
 /* int8_path(rows): the path an int8 product of `rows` rows takes now (its first chunk of up to MC). */
 static PyObject *py_int8_path(PyObject *self, PyObject *arg) {
     (void)self;
@@ -2303,9 +2533,11 @@ static PyMethodDef functions[] = {
     FAST(matmul, "matmul(x, w, n, b, y, fmt, threads, gelu) -> bool: y = x @ w.T + b, w blocked 16-bit."),
     FAST(unpack, "unpack(w, n, j0, j1, k, out, fmt, threads) -> bool: rows j0..j1-1 of w as float32."),
     FAST(unpack_t, "unpack_t(w, n, p0, p1, k, out, fmt, threads) -> bool: panels p0..p1-1 as float32 [k, cols]."),
-    FAST(layernorm, "layernorm(x, gamma, beta, eps, out) -> bool: layer norm over the last axis."),
-    FAST(attention, "attention(q, k, v, offset, out, threads) -> bool: causal attention over KV caches "
-                    "(grouped-query when k, v have fewer heads than q)."),
+    FAST(layernorm, "layernorm(x, gamma, beta, eps, out[, threads]) -> bool: layer norm over the last axis "
+                    "(a prompt's rows split among the threads)."),
+    FAST(attention, "attention(q, k, v, offset, out, threads[, bf16]) -> bool: causal attention over KV caches "
+                    "(grouped-query when k, v have fewer heads than q); with bf16 true, a long prompt's on "
+                    "AMX-BF16 tiles where the CPU has them."),
     FAST(self_attention, "self_attention(x, w_attn, b_attn, w_proj, b_proj, k, v, offset, n_head, fmt, "
                          "threads, out) -> bool: a decode step's attention block."),
     FAST(ragged_self_attention, "ragged_self_attention(x, w_attn, b_attn, w_proj, b_proj, slot_kv, rows, "
@@ -2324,6 +2556,8 @@ static PyMethodDef functions[] = {
      "allow (0: never; negative: the default)."},
     {"amx_support", py_amx_support, METH_NOARGS,
      "amx_support() -> '' where AMX int8 tiles can run, else why not (the CPU, the OS or the kernel)."},
+    {"amx_bf16_support", py_amx_bf16_support, METH_NOARGS,
+     "amx_bf16_support() -> '' where attention(..., bf16=True) runs on AMX-BF16 tiles, else why not."},
     {"int8_path", py_int8_path, METH_O,
      "int8_path(rows) -> the path an int8 product of `rows` rows takes now: 'AMX-INT8', 'AVX-512 VNNI', "
      "'AVX2' or 'portable C'."},

@@ -81,6 +81,12 @@ QUANTIZED = ("int8", "q4")
 INPUTS = ("blocks", "rows")
 #: The flag on int8's format code for inputs=rows (`_kernels.c`'s FMT_ROWS).
 FMT_ROWS = 16
+#: How a long prompt attends (the `attention` option): "float32" (the default: every value and sum), or
+#: "bfloat16": on AMX-BF16 tiles where the CPU has them (queries, keys, values and softmax weights rounded
+#: to bfloat16, sums float32, as PyTorch's bfloat16 attention), elsewhere as float32.
+ATTENTION = ("float32", "bfloat16")
+#: The flag on self_attention's format code for attention=bfloat16 (`_kernels.c`'s FMT_ATT16).
+FMT_ATT16 = 32
 #: Outputs per panel of the packed weights (`_kernels.c`'s PANEL).
 PANEL = 32
 #: int8 products quantize their inputs in blocks of this many (`_kernels.c`'s QB).
@@ -302,12 +308,14 @@ class HalfBackend(NumpyBackend):
         simd = {2: "AVX-512", 1: "AVX2 + FMA + F16C"}.get(_KERNELS.simd(), "portable C")
         if _KERNELS.int8_path(96) == "AMX-INT8":  # (a chunk of MC rows: whether AMX runs at all)
             simd += ", AMX-INT8 for int8 batches"
+        if _KERNELS.amx_bf16_support() == "":
+            simd += ", AMX-BF16 for attention=bfloat16"
         threads = _KERNELS.max_threads()
         capped = f", capped by INFERNO_HALF_ISA={ISA_CAP}" if ISA_CAP != "native" else ""
         return f"compiled C ({simd}, {'OpenMP' if threads > 1 else 'one thread'}{capped})"
 
     def __init__(self, dtype: Any = "float16", threads: Any = None, head: Any = None,
-                 inputs: Any = None) -> None:
+                 inputs: Any = None, attention: Any = "float32") -> None:
         """`dtype`: how the weights are stored, "float16" (default: 11 significant bits), "bfloat16"
         (8 bits, float32's range; what a BF16 checkpoint holds exactly), "int8" (quantized at load:
         8-bit integers and one float32 scale per output; half the bytes again) or "q4" (4-bit integers
@@ -315,7 +323,8 @@ class HalfBackend(NumpyBackend):
         (q4 only): the format of the embeddings and the LM head, "q4" (the default, `HEAD_DEFAULT`) or
         "int8". `inputs` (int8 only): how the products quantize their inputs, "blocks" of 32 (the
         default) or "rows" (one scale per row: less exact, and several times faster on AMX; see
-        `INPUTS`). `threads`: threads of the compiled kernel, None or "auto" for $INFERNO_THREADS,
+        `INPUTS`). `attention`: "float32" or "bfloat16", how a long prompt attends (`ATTENTION`).
+        `threads`: threads of the compiled kernel, None or "auto" for $INFERNO_THREADS,
         else the usable cores (`inferno.cpu`). Bad values raise ValueError naming the option."""
         super().__init__("float32")
         _check_isa_cap()
@@ -338,6 +347,11 @@ class HalfBackend(NumpyBackend):
         self.by_row = inputs == "rows"
         if self.by_row:
             self._code |= FMT_ROWS
+        if attention not in ATTENTION:
+            raise ValueError(f"half backend: option attention={attention!r} is not supported (choose float32 "
+                             "or bfloat16)")
+        #: a long prompt's attention on AMX-BF16 tiles (where the CPU has them)
+        self.attention_bf16 = attention == "bfloat16"
         # The conformance suite's tolerances follow the rounding of the weights.
         # (int8 and q4 have no entry there: they get the loosest, bfloat16's.)
         self.dtype = np.dtype(np.float16) if name == "float16" else name
@@ -400,7 +414,7 @@ class HalfBackend(NumpyBackend):
         if _KERNELS is not None:
             x = np.ascontiguousarray(x)
             out = np.empty_like(x)
-            if _KERNELS.layernorm(x, _f32(gamma), _f32(beta), float(eps), out):
+            if _KERNELS.layernorm(x, _f32(gamma), _f32(beta), float(eps), out, self.threads):
                 return out
         return super().layernorm(x, gamma, beta, eps)
 
@@ -410,7 +424,7 @@ class HalfBackend(NumpyBackend):
             # calls cost more than the work at one token (docs/benchmarks.md).
             q = _f32(q)
             out = np.empty_like(q)
-            if _KERNELS.attention(q, k_cache, v_cache, int(offset), out, self.threads):
+            if _KERNELS.attention(q, k_cache, v_cache, int(offset), out, self.threads, self.attention_bf16):
                 return out
         # Its matmuls on one BLAS thread: OpenBLAS's pool, once woken, spins and slows the kernel that
         # runs next (see `_one_blas_thread`).
@@ -441,7 +455,8 @@ class HalfBackend(NumpyBackend):
             x = _f32(x)
             out = np.empty_like(x)
             if _KERNELS.self_attention(x, w_attn.blocks, _bias(b_attn), w_proj.blocks, _bias(b_proj), kv[0],
-                                       kv[1], int(offset), n_head, self._code, self.threads, out):
+                                       kv[1], int(offset), n_head,
+                                       self._code | (FMT_ATT16 if self.attention_bf16 else 0), self.threads, out):
                 return out, kv
         return super().self_attention(x, w_attn, b_attn, w_proj, b_proj, kv, offset, n_head)
 
@@ -498,7 +513,7 @@ class HalfBackend(NumpyBackend):
             # As `attention`: one C call, each query head reading its group's key/value head in place.
             q = _f32(q)
             out = np.empty_like(q)
-            if _KERNELS.attention(q, k_cache, v_cache, int(offset), out, self.threads):
+            if _KERNELS.attention(q, k_cache, v_cache, int(offset), out, self.threads, self.attention_bf16):
                 return out
         with _one_blas_thread():  # NumPy's batched matmul over the groups (see `attention`)
             return super().gqa_attention(q, k_cache, v_cache, offset)
