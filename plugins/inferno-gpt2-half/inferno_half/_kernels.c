@@ -1550,6 +1550,7 @@ static const struct {
 
 /* Why the bfloat16 tiles cannot run here ("" when they can): AMX's checks, and AMX-BF16. */
 static const char *amx_bf16_check(void) {
+    if (amx_min_rows == 0) return "AMX is switched off (amx_rows(0), INFERNO_HALF_ISA=avx512)";
     unsigned a, b, c, d;
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 22))) return "CPU lacks AMX-BF16";
     return amx_support();
@@ -2488,7 +2489,8 @@ static PyObject *py_force_avx2(PyObject *self, PyObject *flag) {
 }
 
 /* amx_rows(rows): int8 products (each chunk of up to MC rows) of at least `rows` rows run on AMX tiles
-   where the CPU and OS allow; 0 never (the tests compare the paths so); negative, the default AMX_ROWS.
+   where the CPU and OS allow; 0 never, and no tiles at all (attention=bfloat16's neither: the tests
+   compare the paths so, and INFERNO_HALF_ISA=avx512 sets it); negative, the default AMX_ROWS.
    Returns the threshold now set. */
 static PyObject *py_amx_rows(PyObject *self, PyObject *arg) {
     (void)self;
@@ -2553,7 +2555,7 @@ static PyMethodDef functions[] = {
      "force_avx2(flag) -> simd(): with flag true, every later call takes at most the AVX2 path."},
     {"amx_rows", py_amx_rows, METH_O,
      "amx_rows(rows) -> rows: int8 products of at least `rows` rows run on AMX tiles where the CPU and OS "
-     "allow (0: never; negative: the default)."},
+     "allow (0: never, nor any other tiles; negative: the default)."},
     {"amx_support", py_amx_support, METH_NOARGS,
      "amx_support() -> '' where AMX int8 tiles can run, else why not (the CPU, the OS or the kernel)."},
     {"amx_bf16_support", py_amx_bf16_support, METH_NOARGS,

@@ -111,7 +111,7 @@ def test_amx_only_on_the_avx512_path():
 
 def test_backend_says_amx_runs():
     assert "AMX-INT8 for int8 batches" in hb.HalfBackend.runs_on()
-    KERNELS.amx_rows(0)
+    KERNELS.amx_rows(0)  # no tiles at all
     assert "AMX" not in hb.HalfBackend.runs_on()
 
 
@@ -134,3 +134,85 @@ def test_prefill_logits_are_identical_with_amx_on_and_off(long_model_dir, thread
     off = pipe.logits(ids)
     assert on.shape == (100, 50257) and np.isfinite(on).all()
     np.testing.assert_array_equal(on, off)
+
+
+# ------------------------------------------------------------------ attention=bfloat16 on AMX-BF16 tiles
+BF16_WHY_NOT = "the C kernels are not built" if KERNELS is None else KERNELS.amx_bf16_support()
+needs_bf16_tiles = pytest.mark.skipif(bool(BF16_WHY_NOT), reason=BF16_WHY_NOT or "AMX-BF16 runs here")
+
+
+def _bf16(a: np.ndarray) -> np.ndarray:
+    """float32 → bfloat16 (nearest, ties to even) as float64."""
+    return hb.from_bits(hb.to_bits(a.astype(np.float32), "bfloat16"), "bfloat16").astype(np.float64)
+
+
+def _attention_bf16_reference(q, k, v, offset):
+    """What the tiles compute, in float64: q, k, v rounded to bfloat16; the scores and an exact softmax;
+    the softmax's weights rounded to bfloat16 before P V, divided by the sum of the unrounded ones."""
+    b, h, t, d = q.shape
+    hkv = k.shape[1]
+    out = np.empty((b, h, t, d))
+    for s in range(b):
+        for j in range(h):
+            kh, vh = _bf16(k[s, j // (h // hkv)]), _bf16(v[s, j // (h // hkv)])
+            for i in range(t):
+                n = offset + i + 1
+                sc = (_bf16(q[s, j, i]) @ kh[:n].T).astype(np.float32) * np.float32(1 / np.sqrt(d))
+                e = np.exp(sc.astype(np.float64) - sc.max())
+                out[s, j, i] = (_bf16(e.astype(np.float32)) @ vh[:n]) / e.sum()
+    return out
+
+
+@needs_bf16_tiles
+@pytest.mark.parametrize("b, h, hkv, t, offset, d", [(1, 2, 2, 65, 0, 64), (1, 3, 3, 100, 0, 32), (2, 2, 2, 80, 37, 64),
+                                                     (1, 4, 2, 70, 5, 128), (1, 1, 1, 200, 0, 96)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_bf16_attention_is_the_bfloat16_computation(b, h, hkv, t, offset, d, threads):
+    # Every query row of a tile of 16 (the last one partial), positions past the first (a chunked prompt),
+    # grouped-query heads, head sizes of 1 to 4 tiles of 32.
+    rng = np.random.default_rng(t * 7 + d)
+    q = (rng.standard_normal((b, h, t, d)) * 0.5).astype(np.float32)
+    k = (rng.standard_normal((b, hkv, offset + t + 3, d)) * 0.5).astype(np.float32)
+    v = rng.standard_normal((b, hkv, offset + t + 3, d)).astype(np.float32)
+    out = np.full_like(q, np.nan)
+    assert KERNELS.attention(q, k, v, offset, out, threads, True)
+    want = _attention_bf16_reference(q, k, v, offset)
+    np.testing.assert_allclose(out, want, rtol=0, atol=2e-5 * np.abs(want).max())
+    exact = np.full_like(q, np.nan)
+    assert KERNELS.attention(q, k, v, offset, exact, threads, False)  # float32: within bfloat16's rounding
+    assert not np.array_equal(out, exact)
+    np.testing.assert_allclose(out, exact, rtol=0, atol=2e-2 * np.abs(exact).max())
+
+
+@needs_bf16_tiles
+def test_bf16_attention_declines_what_tiles_cannot_take():
+    # A head size not a multiple of 32, or a short prompt (a decode step): the float32 attention runs.
+    rng = np.random.default_rng(1)
+    for t, d in [(100, 48), (64, 64), (1, 64)]:
+        q, k, v = (rng.standard_normal((1, 2, t, d)).astype(np.float32) for _ in range(3))
+        got, want = np.empty_like(q), np.empty_like(q)
+        assert KERNELS.attention(q, k, v, 0, got, 2, True) and KERNELS.attention(q, k, v, 0, want, 2, False)
+        np.testing.assert_array_equal(got, want)
+
+
+@needs_bf16_tiles
+def test_bf16_attention_off_with_amx_switched_off():
+    rng = np.random.default_rng(2)
+    q, k, v = (rng.standard_normal((1, 2, 100, 64)).astype(np.float32) for _ in range(3))
+    got, want = np.empty_like(q), np.empty_like(q)
+    KERNELS.amx_rows(0)
+    assert KERNELS.amx_bf16_support() != ""
+    assert KERNELS.attention(q, k, v, 0, got, 2, True) and KERNELS.attention(q, k, v, 0, want, 2, False)
+    np.testing.assert_array_equal(got, want)
+
+
+@needs_bf16_tiles
+def test_prefill_with_bf16_attention_is_close_to_float32(tmp_path):
+    config = Gpt2Config(vocab_size=50257, n_positions=128, n_embd=128, n_layer=2, n_head=2,  # heads of 64
+                        bos_token_id=50256, eos_token_id=50256)
+    model_dir = write_model_dir(tmp_path, config)
+    ids = list(np.random.default_rng(8).integers(0, 50257, 100))
+    exact = inferno.load(model_dir, "half:dtype=int8,inputs=rows", download=False).logits(ids)
+    tiles = inferno.load(model_dir, "half:dtype=int8,inputs=rows,attention=bfloat16", download=False).logits(ids)
+    assert not np.array_equal(tiles, exact)  # (the tiles ran)
+    assert np.abs(tiles - exact).max() <= 2e-2 * np.abs(exact).max()

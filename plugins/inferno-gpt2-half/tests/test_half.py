@@ -428,6 +428,9 @@ def test_registered_with_its_options():
     ("half:dtype=float32", "option dtype='float32' is not supported (choose float16, bfloat16, int8 or q4)"),
     ("half:dtype=int8,head=q4", "option head='q4' applies to dtype=q4 only"),
     ("half:dtype=q4,head=float16", "option head='float16' is not supported (choose q4 or int8)"),
+    ("half:dtype=q4,inputs=rows", "option inputs='rows' applies to dtype=int8 only"),
+    ("half:dtype=int8,inputs=row", "option inputs='row' is not supported (choose blocks or rows)"),
+    ("half:attention=float16", "option attention='float16' is not supported (choose float32 or bfloat16)"),
     ("half:threads=0", "option threads=0 must be an integer >= 1 or 'auto'"),
     ("half:threads=5000", "option threads=5000 must be at most 1024"),
 ])
@@ -501,6 +504,7 @@ def test_greedy_ids_match_numpy_up_to_near_ties(model_dir, numpy_pipe, fmt):
 
 
 @pytest.mark.parametrize("fmt, tolerance", [("float16", 2e-3), ("bfloat16", 2e-2), ("int8", 5e-2), (ROWS, 5e-2),
+                                            ("float16,attention=bfloat16", 2e-2), (ROWS + ",attention=bfloat16", 5e-2),
                                             ("q4", 0.3), ("q4,head=int8", 0.3)])
 def test_logits_match_numpy(model_dir, numpy_pipe, fmt, tolerance):
     pipe = inferno.load(model_dir, f"half:dtype={fmt}", download=False)
