@@ -1314,6 +1314,51 @@ X86 static void attend_x86(const float *qi, const float *kh, const float *vh, in
 }
 #endif
 
+#if HAVE_X86
+/* attend_x86 on AVX-512 for d a multiple of 16 up to 128: a key's dot product in d / 16 FMAs, and the
+   output's d values in registers through the weighted sum of the values (attend_x86 adds into memory a
+   key at a time): a decode step's attention, a few keys a query, is about its loads. */
+#define ATTEND512_D 128
+X512 static void attend_512(const float *qi, const float *kh, const float *vh, int64_t keys, int64_t d,
+                            float scale, float *s, float *o) {
+    const int nv = (int)(d / 16);
+    __m512 qv[ATTEND512_D / 16], acc[ATTEND512_D / 16];
+    for (int c = 0; c < nv; c++) qv[c] = _mm512_loadu_ps(qi + 16 * c);
+    float m = -INFINITY;
+    for (int64_t j = 0; j < keys; j++) {
+        const float *kj = kh + j * d;
+        __m512 a = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kj));
+        for (int c = 1; c < nv; c++) a = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kj + 16 * c), a);
+        s[j] = _mm512_reduce_add_ps(a) * scale;
+        m = s[j] > m ? s[j] : m;
+    }
+    int64_t j = 0;
+    __m512 vm = _mm512_set1_ps(m), vs = _mm512_setzero_ps();
+    for (; j + 16 <= keys; j += 16) {
+        __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + j), vm));
+        _mm512_storeu_ps(s + j, e);
+        vs = _mm512_add_ps(vs, e);
+    }
+    float sum = _mm512_reduce_add_ps(vs);
+    for (; j < keys; j++) { s[j] = expf(s[j] - m); sum += s[j]; }
+    for (int c = 0; c < nv; c++) acc[c] = _mm512_setzero_ps();
+    for (j = 0; j < keys; j++) {
+        const float *vj = vh + j * d;
+        __m512 p = _mm512_set1_ps(s[j]);
+        for (int c = 0; c < nv; c++) acc[c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vj + 16 * c), acc[c]);
+    }
+    __m512 inv = _mm512_set1_ps(1.0f / sum);
+    for (int c = 0; c < nv; c++) _mm512_storeu_ps(o + 16 * c, _mm512_mul_ps(acc[c], inv));
+}
+
+/* One query's attention on the SIMD path `simd` (d a multiple of 8): attend_512 or attend_x86. */
+X86 static void attend_simd(int simd, const float *qi, const float *kh, const float *vh, int64_t keys, int64_t d,
+                            float scale, float *s, float *o) {
+    if (simd == PATH_AVX512 && d % 16 == 0 && d <= ATTEND512_D) attend_512(qi, kh, vh, keys, d, scale, s, o);
+    else attend_x86(qi, kh, vh, keys, d, scale, s, o);
+}
+#endif
+
 /* Scores per query on the stack up to this many keys (16 KB), else on the heap. */
 #define STACK_KEYS 4096
 
@@ -1375,7 +1420,7 @@ static void attend_all(int64_t b, int64_t h, int64_t hkv, int64_t t, int64_t d, 
 #if HAVE_X86
         if (simd) {
             float buf[STACK_KEYS];
-            attend_x86(qi, kh, vh, keys, d, scale, heap ? heap + n * (offset + t) : buf, o);
+            attend_simd(simd_path(), qi, kh, vh, keys, d, scale, heap ? heap + n * (offset + t) : buf, o);
             continue;
         }
 #endif
@@ -1794,7 +1839,7 @@ static int ragged_attention(const float *qkv, int64_t n, int64_t h, int64_t d, i
         if (simd) {
             float buf[STACK_KEYS], *s = keys <= STACK_KEYS ? buf : malloc(sizeof(float) * (size_t)keys);
             if (s) {
-                attend_x86(qi, kh, vh, keys, d, scale, s, o);
+                attend_simd(simd_path(), qi, kh, vh, keys, d, scale, s, o);
                 if (s != buf) free(s);
                 continue;
             }
