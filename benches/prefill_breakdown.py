@@ -69,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     whole = min(time_prefill(model, ids) for _ in range(args.repeat))
     flops = 2 * t * sum(k * n for k, n in PRODUCTS)
     att_flops = 2 * 2 * h * d * t * (t + 1) / 2
-    print(f"half:dtype=int8,inputs={args.inputs}, 124M shape, {t}-token prefill, {args.threads} threads: {whole * 1e3:.0f} ms "
+    print(f"half:dtype=int8,inputs={args.inputs}, 124M shape, {t}-token prefill, {args.threads} threads: "
+          f"{whole * 1e3:.0f} ms "
           f"({t / whole:.0f} tok/s)")
     print(f"| part | ms (x{layers} layers) | share | GFLOP/s |")
     print("| --- | --: | --: | --: |")

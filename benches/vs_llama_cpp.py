@@ -1,10 +1,11 @@
-"""inferno vs llama.cpp on the same random weights, at the SmolLM2-135M and Qwen2.5-0.5B shapes.
+"""inferno vs llama.cpp on the same random weights, at the SmolLM2-135M and Qwen2.5-0.5B shapes, and at
+GPT-2's 124M and XL (1.5B) shapes (--shapes gpt2-124m,gpt2-xl).
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benches/vs_llama_cpp.py \\
         --llama-cpp /tmp/lcpp/build/bin --llama-cpp-src /tmp/lcpp/llama_cpp_python-0.3.36/vendor/llama.cpp \\
         [--work /tmp/vs_llama_cpp] [--shapes smollm2-135m,qwen2.5-0.5b] [--repeat 3] [--threads 2] \\
         [--inferno half:dtype=int8,half] [--gguf q8_0,q4_0,f16] [--no-batched] \\
-        [--batched-prompt 64] [--batched-new 64]
+        [--batched-prompt 64] [--batched-new 64] [--long 512]
 
 PYTHONPATH must give the converter `sentencepiece` (`pip install --target DIR sentencepiece`): only the
 first run converts (the folders, GGUFs and quantized GGUFs stay under --work).
@@ -15,10 +16,10 @@ What it measures, side by side in one run, rounds interleaved (llama.cpp format 
 * **decode tok/s, batch 1**: llama-bench's tg64 at depth 64 (64 tokens generated after 64 in the KV
   cache) against inferno's 64 cached decode steps (one token in, host logits out, greedy) after a
   64-token prompt (`inferno.bench.time_decode`).
-* **prefill tok/s** of 64 and 512 tokens: llama-bench's pp64 and pp512 (the same call,
-  ``-p 64,512 -n 64 -d 64 -r 1 --no-warmup``, so after 64 tokens of depth; one warm-up call per GGUF
-  before the rounds) against one `Llama.forward` of the prompt into a fresh cache up to the last
-  position's host logits (`inferno.bench.time_prefill`).
+* **prefill tok/s** of 64 and 512 tokens (--long: another length than 512): llama-bench's pp64 and
+  pp512 (the same call, ``-p 64,512 -n 64 -d 64 -r 1 --no-warmup``, so after 64 tokens of depth; one
+  warm-up call per GGUF before the rounds) against one `Llama.forward` of the prompt into a fresh cache
+  up to the last position's host logits (`inferno.bench.time_prefill`).
 * **16 sequences, aggregate decode tok/s**: llama-batched-bench ``-npp P -ntg N -npl 16`` (its S_TG)
   against inferno's `Engine` with 16 sequences of P-token prompts (all prefilled in one step, untimed)
   decoding N tokens each: decoded tokens over the time of the decode steps (P, N: --batched-prompt,
@@ -34,7 +35,10 @@ capped at 2048 so that 16 KV slots fit in memory, tokenizer files), converted wi
 convert_hf_to_gguf.py to an f16 GGUF (the same values) and llama-quantize'd to q8_0 and q4_0; inferno
 loads the folder and quantizes at load (half:dtype=int8: one scale per output row). SmolLM2's tokenizer
 is GPT-2's cut to 49,152 tokens (GPT-2-style byte-level BPE, as SmolLM2's), Qwen2.5's is Qwen3's
-(the copy under tests/data/tokenizers/qwen3, the same regex); speed does not depend on the tokens.
+(the copy under tests/data/tokenizers/qwen3, the same regex); speed does not depend on the tokens. The
+GPT-2 shapes: `inferno.testing.random_weights` (what `inferno bench` runs) under the Hub's names, GPT-2's
+config.json and tokenizer.json as shipped, n_positions raised to 2048 (the random position table's rows
+only: the prompts of 1000 tokens after 64 of depth fit).
 
 Building llama.cpp (the vendored tree of llama-cpp-python 0.3.36; its AMX path crashes here, and
 GGML_NATIVE's -march=native turns AMX on whatever GGML_AMX_* say, hence the -mno-amx-* flags):
@@ -90,11 +94,14 @@ SHAPES = {
         "initializer_range": 0.02, "attention_dropout": 0.0, "rope_scaling": None,
         "bos_token_id": 151643, "eos_token_id": 151643, "torch_dtype": "float16", "use_cache": True},
 }
+#: GPT-2's shapes (config.json as shipped, with these sizes).
+GPT2_SHAPES = {"gpt2-124m": {"n_embd": 768, "n_layer": 12, "n_head": 12},
+               "gpt2-xl": {"n_embd": 1600, "n_layer": 48, "n_head": 25}}
 #: Prompt ids over HTTP are drawn below this: the ordinary tokens (the servers refuse ids that their
 #: tokenizer does not have, as Qwen's padding past its added tokens).
-PROMPT_VOCAB = {"smollm2-135m": 49151, "qwen2.5-0.5b": 151643}
+PROMPT_VOCAB = {"smollm2-135m": 49151, "qwen2.5-0.5b": 151643, "gpt2-124m": 50256, "gpt2-xl": 50256}
 #: tokenizer.ggml.pre to write when the converter does not recognise the synthetic tokenizer's hash.
-PRE = {"smollm2-135m": "smollm", "qwen2.5-0.5b": "qwen2"}
+PRE = {"smollm2-135m": "smollm", "qwen2.5-0.5b": "qwen2", "gpt2-124m": "gpt-2", "gpt2-xl": "gpt-2"}
 
 
 def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
@@ -118,6 +125,23 @@ def gpt2_tokenizer_cut(n_vocab: int, source: Path) -> dict:
     return t
 
 
+def make_gpt2_folder(shape: str, folder: Path, seed: int) -> None:
+    from inferno.models.config import Gpt2Config
+    from inferno.models.resolve import shipped_gpt2_file
+    from inferno.testing import random_weights, save_tensors
+
+    config = json.loads(Path(shipped_gpt2_file("config.json")).read_text())
+    config.update(GPT2_SHAPES[shape], n_positions=CONTEXT, n_ctx=CONTEXT)
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    shutil.copy(shipped_gpt2_file("tokenizer.json"), folder / "tokenizer.json")
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "GPT2TokenizerFast", "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>",
+        "add_prefix_space": False, "model_max_length": CONTEXT}))
+    shape_config = Gpt2Config(vocab_size=config["vocab_size"], n_positions=CONTEXT, **GPT2_SHAPES[shape])
+    save_tensors(folder / "model.safetensors.tmp", random_weights(shape_config, seed), "F16")
+    os.replace(folder / "model.safetensors.tmp", folder / "model.safetensors")
+
+
 def make_folder(shape: str, work: Path, seed: int = 0) -> Path:
     """The Hugging Face folder of `shape` (written once)."""
     from inferno.testing import llama_state_dict, save_tensors
@@ -126,6 +150,9 @@ def make_folder(shape: str, work: Path, seed: int = 0) -> Path:
     if (folder / "model.safetensors").exists():
         return folder
     folder.mkdir(parents=True, exist_ok=True)
+    if shape in GPT2_SHAPES:
+        make_gpt2_folder(shape, folder, seed)
+        return folder
     config = dict(SHAPES[shape], transformers_version="4.46.0")
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     if shape == "smollm2-135m":
@@ -233,7 +260,7 @@ def inferno_batch1(model) -> dict[str, float]:
     time.sleep(PAUSE)
     got["prefill64"] = PROMPT / time_prefill(model, prompt_ids(PROMPT, vocab, seed=1))
     time.sleep(PAUSE)
-    got["prefill512"] = LONG / time_prefill(model, prompt_ids(LONG, vocab, seed=2))
+    got[f"prefill{LONG}"] = LONG / time_prefill(model, prompt_ids(LONG, vocab, seed=2))
     return got
 
 
@@ -342,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--llama-cpp-src", type=Path, required=True, help="llama.cpp's source tree "
                     "(convert_hf_to_gguf.py, gguf-py)")
     ap.add_argument("--work", type=Path, default=Path("/tmp/vs_llama_cpp"))
-    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--shapes", default=",".join(SHAPES), help=f"of {', '.join([*SHAPES, *GPT2_SHAPES])}")
     ap.add_argument("--inferno", default="half:dtype=int8,half", help="backend specs, ';'-separated "
                     "when a spec has several options")
     ap.add_argument("--gguf", default="q8_0,q4_0,f16")
@@ -351,9 +378,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-batched", action="store_true", help="skip the 16-sequence case")
     ap.add_argument("--batched-prompt", type=int, default=PROMPT, help="16 sequences: prompt tokens each")
     ap.add_argument("--batched-new", type=int, default=NEW, help="16 sequences: new tokens each")
+    ap.add_argument("--long", type=int, default=LONG, help="the long prefill's tokens (default 512)")
     ap.add_argument("--serve", metavar="GGUF", help="instead: 16 HTTP clients, llama-server on this GGUF "
                     "format vs `inferno serve` on the first --inferno spec (--batched-prompt/-new tokens)")
     args = ap.parse_args(argv)
+    global LONG
+    LONG = args.long
     sep = ";" if ";" in args.inferno else ","
     specs = [s for s in args.inferno.split(sep) if s]
     if sep == "," and any("=" in s and ":" not in s for s in specs):
@@ -405,9 +435,9 @@ def main(argv: list[str] | None = None) -> int:
                     res[f"inferno {s}"].setdefault(k, []).append(v)
         print(f"\n{shape} (random weights, {args.threads} threads, medians of {args.repeat} interleaved "
               f"rounds; load average now {os.getloadavg()})\n")
-        keys = ["decode", "prefill64", "prefill512"] + ([] if args.no_batched else ["batched16"])
+        keys = ["decode", "prefill64", f"prefill{LONG}"] + ([] if args.no_batched else ["batched16"])
         names = {"decode": "decode b=1 tok/s", "prefill64": "prefill 64 tok/s",
-                 "prefill512": "prefill 512 tok/s", "batched16": "16 seqs decode tok/s"}
+                 f"prefill{LONG}": f"prefill {LONG} tok/s", "batched16": "16 seqs decode tok/s"}
         print("| side | " + " | ".join(names[k] for k in keys) + " |")
         print("| --- |" + " --: |" * len(keys))
         for s in sides:

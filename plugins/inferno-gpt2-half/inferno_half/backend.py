@@ -342,7 +342,8 @@ class HalfBackend(NumpyBackend):
         if inputs is not None and name != "int8":
             raise ValueError(f"half backend: option inputs={inputs!r} applies to dtype=int8 only")
         if inputs not in (None, *INPUTS):
-            raise ValueError(f"half backend: option inputs={inputs!r} is not supported (choose blocks or rows)")
+            raise ValueError(f"half backend: option inputs={inputs!r} is not supported (choose blocks or "
+                             "rows)")
         #: int8's inputs quantized by row (`INPUTS`), in every product (the embeddings' LM head too)
         self.by_row = inputs == "rows"
         if self.by_row:
@@ -446,6 +447,7 @@ class HalfBackend(NumpyBackend):
 
     def self_attention(self, x, w_attn, b_attn, w_proj, b_proj, kv, offset, n_head):
         b, t, c = x.shape
+        code = self._code | (FMT_ATT16 if self.attention_bf16 else 0)
         if (_KERNELS is not None and (b * t <= SMALL_M or _KERNELS.simd() == 2) and type(w_attn) is Weight16
                 and type(w_proj) is Weight16):
             # Decode: one C call runs the fused projection, writes the new keys and values into the cache,
@@ -456,7 +458,7 @@ class HalfBackend(NumpyBackend):
             out = np.empty_like(x)
             if _KERNELS.self_attention(x, w_attn.blocks, _bias(b_attn), w_proj.blocks, _bias(b_proj), kv[0],
                                        kv[1], int(offset), n_head,
-                                       self._code | (FMT_ATT16 if self.attention_bf16 else 0), self.threads, out):
+                                       code, self.threads, out):
                 return out, kv
         return super().self_attention(x, w_attn, b_attn, w_proj, b_proj, kv, offset, n_head)
 

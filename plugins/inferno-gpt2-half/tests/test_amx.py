@@ -48,8 +48,10 @@ SHAPES = [(33, 7), (70, 40), (96, 100), (130, 17), (768, 77)]
 SHAPES_BY_ROW = [(33, 7), (64, 40), (128, 100), (190, 17), (768, 77)]
 
 
-@pytest.mark.parametrize("code, k, n", [(INT8, k, n) for k, n in SHAPES] + [(BY_ROW, k, n) for k, n in SHAPES_BY_ROW],
-                         ids=[f"blocks-{k}x{n}" for k, n in SHAPES] + [f"rows-{k}x{n}" for k, n in SHAPES_BY_ROW])
+@pytest.mark.parametrize("code, k, n",
+                         [(INT8, k, n) for k, n in SHAPES] + [(BY_ROW, k, n) for k, n in SHAPES_BY_ROW],
+                         ids=[f"blocks-{k}x{n}" for k, n in SHAPES]
+                         + [f"rows-{k}x{n}" for k, n in SHAPES_BY_ROW])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_amx_product_is_the_vnni_product_bit_for_bit(k, n, threads, code):
     rng = np.random.default_rng(k * 1000 + n)
@@ -164,7 +166,8 @@ def _attention_bf16_reference(q, k, v, offset):
 
 
 @needs_bf16_tiles
-@pytest.mark.parametrize("b, h, hkv, t, offset, d", [(1, 2, 2, 65, 0, 64), (1, 3, 3, 100, 0, 32), (2, 2, 2, 80, 37, 64),
+@pytest.mark.parametrize("b, h, hkv, t, offset, d", [(1, 2, 2, 65, 0, 64), (1, 3, 3, 100, 0, 32),
+                                                     (2, 2, 2, 80, 37, 64),
                                                      (1, 4, 2, 70, 5, 128), (1, 1, 1, 200, 0, 96)])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_bf16_attention_is_the_bfloat16_computation(b, h, hkv, t, offset, d, threads):
@@ -213,6 +216,7 @@ def test_prefill_with_bf16_attention_is_close_to_float32(tmp_path):
     model_dir = write_model_dir(tmp_path, config)
     ids = list(np.random.default_rng(8).integers(0, 50257, 100))
     exact = inferno.load(model_dir, "half:dtype=int8,inputs=rows", download=False).logits(ids)
-    tiles = inferno.load(model_dir, "half:dtype=int8,inputs=rows,attention=bfloat16", download=False).logits(ids)
+    fast = "half:dtype=int8,inputs=rows,attention=bfloat16"
+    tiles = inferno.load(model_dir, fast, download=False).logits(ids)
     assert not np.array_equal(tiles, exact)  # (the tiles ran)
     assert np.abs(tiles - exact).max() <= 2e-2 * np.abs(exact).max()

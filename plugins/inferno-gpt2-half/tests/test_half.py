@@ -503,8 +503,9 @@ def test_greedy_ids_match_numpy_up_to_near_ties(model_dir, numpy_pipe, fmt):
         greedy_agrees(numpy_pipe, got.ids, prompt, margin)
 
 
-@pytest.mark.parametrize("fmt, tolerance", [("float16", 2e-3), ("bfloat16", 2e-2), ("int8", 5e-2), (ROWS, 5e-2),
-                                            ("float16,attention=bfloat16", 2e-2), (ROWS + ",attention=bfloat16", 5e-2),
+@pytest.mark.parametrize("fmt, tolerance", [("float16", 2e-3), ("bfloat16", 2e-2), ("int8", 5e-2),
+                                            (ROWS, 5e-2), ("float16,attention=bfloat16", 2e-2),
+                                            (ROWS + ",attention=bfloat16", 5e-2),
                                             ("q4", 0.3), ("q4,head=int8", 0.3)])
 def test_logits_match_numpy(model_dir, numpy_pipe, fmt, tolerance):
     pipe = inferno.load(model_dir, f"half:dtype={fmt}", download=False)
@@ -699,8 +700,8 @@ def _decode_inputs(c=64, n_head=4, b=1, t=1, length=16, offset=3, fmt="float16")
                    False],
         "layernorm": [x, vec[c], vec[c], 1e-5, np.empty_like(x)],
         "attention": [q, k, v, offset, np.empty_like(q), 2],
-        "self_attention": [x, w_attn.blocks, vec[3 * c], w_proj.blocks, vec[c], k, v, offset, n_head, fmt_code, 2,
-                           np.empty_like(x)],
+        "self_attention": [x, w_attn.blocks, vec[3 * c], w_proj.blocks, vec[c], k, v, offset, n_head,
+                           fmt_code, 2, np.empty_like(x)],
         "mlp": [rows, w_fc.blocks, 4 * c, vec[4 * c], w_out.blocks, vec[c], fmt_code, 2, np.empty_like(rows)],
     }
 
