@@ -364,6 +364,7 @@ def med(xs: list[float]) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global LONG  # (--long: read by llama_bench and inferno_batch1)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--llama-cpp", type=Path, required=True, help="the folder of llama.cpp's binaries")
     ap.add_argument("--llama-cpp-src", type=Path, required=True, help="llama.cpp's source tree "
@@ -382,7 +383,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--serve", metavar="GGUF", help="instead: 16 HTTP clients, llama-server on this GGUF "
                     "format vs `inferno serve` on the first --inferno spec (--batched-prompt/-new tokens)")
     args = ap.parse_args(argv)
-    global LONG
     LONG = args.long
     sep = ";" if ";" in args.inferno else ","
     specs = [s for s in args.inferno.split(sep) if s]
