@@ -3,6 +3,7 @@ causal attention of one layer at T rows, each timed alone, against the whole pre
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benches/prefill_breakdown.py [--tokens 1000]
     ... benches/prefill_breakdown.py --inputs rows     # half:dtype=int8,inputs=rows
+    ... benches/prefill_breakdown.py --inputs rows --attention bfloat16
 
 Each part is the best of `--repeat` calls (`_kernels.matmul` on random int8 weights, `_kernels.attention`
 on random queries and a filled cache), times 12 layers; the prefill is `inferno.bench.time_prefill` on
@@ -40,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--inputs", choices=("blocks", "rows"), default="blocks",
                    help="how int8's products quantize their inputs (the backend's `inputs` option)")
+    p.add_argument("--attention", choices=("float32", "bfloat16"), default="float32",
+                   help="the backend's `attention` option")
     args = p.parse_args(argv)
     import inferno_half.backend as hb
     from inferno_half import _kernels
@@ -54,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     v_cache = rng.standard_normal((1, h, t, d)).astype(np.float32)
     out = np.empty_like(q)
     layers = GPT2_124M.n_layer
-    attention = best(lambda: _kernels.attention(q, k_cache, v_cache, 0, out, args.threads), args.repeat)
+    bf16 = args.attention == "bfloat16"
+    attention = best(lambda: _kernels.attention(q, k_cache, v_cache, 0, out, args.threads, bf16), args.repeat)
     products = 0.0
     code = hb.FORMATS["int8"] | (hb.FMT_ROWS if args.inputs == "rows" else 0)
     for k, n in PRODUCTS:
@@ -63,13 +67,14 @@ def main(argv: list[str] | None = None) -> int:
         y = np.empty((t, n), np.float32)
         call = partial(_kernels.matmul, x, w.blocks, n, None, y, code, args.threads, False)
         products += best(call, args.repeat)
-    be = get_backend("half", dtype="int8", threads=args.threads, inputs=args.inputs)
+    be = get_backend("half", dtype="int8", threads=args.threads, inputs=args.inputs, attention=args.attention)
     model = Gpt2.from_weights(GPT2_124M, weights_in_layout(random_weights(), be, {}), be)
     ids = prompt_ids(t, GPT2_124M.vocab_size)
     whole = min(time_prefill(model, ids) for _ in range(args.repeat))
     flops = 2 * t * sum(k * n for k, n in PRODUCTS)
     att_flops = 2 * 2 * h * d * t * (t + 1) / 2
-    print(f"half:dtype=int8,inputs={args.inputs}, 124M shape, {t}-token prefill, {args.threads} threads: "
+    print(f"half:dtype=int8,inputs={args.inputs},attention={args.attention}, 124M shape, {t}-token prefill, "
+          f"{args.threads} threads: "
           f"{whole * 1e3:.0f} ms "
           f"({t / whole:.0f} tok/s)")
     print(f"| part | ms (x{layers} layers) | share | GFLOP/s |")

@@ -296,7 +296,8 @@ def inferno_batched(model, prompt: int, new: int) -> float:
 def bytes_per_step(model) -> int:
     """Bytes of weights a batch-1 decode step reads (each weight as held, the tied embedding once: as the
     LM head; the embedding row is noise), plus the float32 KV cache up to the mean position."""
-    weights = sum(int(a.nbytes) for _, a in model.named_weights())
+    weights = sum(int(getattr(a, "weight", a).nbytes)  # (inferno-gpt2-torch's LinearWeight wraps a tensor)
+                  for _, a in model.named_weights())
     c = model.config
     mean_position = PROMPT + NEW / 2
     kv = 2 * c.n_layer * c.n_kv_head * (c.n_embd // c.n_head) * 4 * mean_position
