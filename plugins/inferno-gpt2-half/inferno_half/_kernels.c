@@ -532,7 +532,10 @@ static void panels(int simd, const float *x, int64_t m, int64_t k, const uint16_
 
    The int32 sums are exact on every path and the float sum runs over the blocks in order, one FMA each
    (plain multiply-add on the portable path), so a row gets the same bits in any batch, and the AVX2 path
-   the AVX-512 path's. A block holding inf or NaN gets d = NaN: the outputs are NaN, never garbage. */
+   the AVX-512 path's. A block holding inf or NaN gets d = NaN: the outputs are NaN, never garbage.
+   With FMT_ROWS (the backend's inputs=rows) a block is the whole row (bs = kpad(k)): one d a row, one
+   int32 sum over all of k (at most 255 * 127 * k in vpdpbusd's offset form: exact up to k ~ 66000), and
+   y = scale[j] * (d[m] * float(isum)), the same bits on every path. */
 
 /* Row x [k] → q [kpad(k)] (the padding zero), d [kpad / bs] and c [kpad / bs] = -128 * sum of each
    block's q (the correction of vpdpbusd's unsigned operand, see q8tile512), in blocks of bs inputs: QB,

@@ -16,6 +16,9 @@ reads every weight once, so its speed is the memory bandwidth over the bytes of 
 bits halve and int8 halves again; a prompt, or a step of many sequences, is bound by the arithmetic.
 q4 (`inferno_half.q4`) stores 4-bit weights with a float16 scale per block of 32 inputs (llama.cpp's
 q4_0): 0.56 of int8's bytes, for the one-user speed; its products multiply the same quantized inputs.
+Two options trade a little accuracy for the matrix engine (see the README): `inputs=rows` (int8: one
+input scale per row, so AMX's tiles sum all of k at full depth) and `attention=bfloat16` (a long prompt
+attends on AMX-BF16 tiles).
 
 What runs in C (`_kernels.c`), and why:
 
