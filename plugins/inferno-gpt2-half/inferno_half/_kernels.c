@@ -1133,10 +1133,19 @@ static int product_quant(const float *x, int64_t m, int64_t k, const uint16_t *w
     int32_t *xg = malloc(sizeof(int32_t) * (size_t)(mc0 * groups));
     int failed = !q || !d || !dp || !c || !cp || !xg;
     (void)threads;
+    /* q4 on AMX: each thread's unpacked panels (q4_panels_amx) */
+    int8_t *q4buf = NULL;
+#if HAVE_AMX
+    int64_t q4size = TASK * kp * PANEL, workers = threads > 1 ? threads : 1;
+    if (fmt == FMT_Q4 && uses_amx(simd, mc0) && !failed) {
+        q4buf = malloc((size_t)(workers * q4size));
+        failed = !q4buf;
+    }
+#endif
     for (int64_t m0 = 0; m0 < m && !failed; m0 += MC) {
         int64_t mc = min64(MC, m - m0), pad = (mc + 15) / 16 * 16;
         int64_t tiles = fmt == FMT_Q4 ? q4_plan(simd, mc, sizes) : q8_plan(simd, mc, sizes);
-        int amx = fmt == FMT_I8 && !by_row && uses_amx(simd, mc);
+        int amx = (fmt == FMT_Q4 || (fmt == FMT_I8 && !by_row)) && uses_amx(simd, mc);
         for (int64_t r = 0; r < mc; r++) {
 #if HAVE_X86
             if (simd == PATH_AVX512) {
@@ -1169,7 +1178,13 @@ static int product_quant(const float *x, int64_t m, int64_t k, const uint16_t *w
         for (int64_t t = 0; t < tasks; t++) {
             int64_t p0 = t * TASK, p1 = min64(count, (t + 1) * TASK);
 #if HAVE_AMX
-            if (amx) q8_panels_amx(q, dp, mc, k, (const int8_t *)w, p0, p1, ym, n);
+#ifdef _OPENMP
+            int64_t worker = omp_get_thread_num();
+#else
+            int64_t worker = 0;
+#endif
+            if (amx && fmt == FMT_Q4) q4_panels_amx(q, dp, mc, k, w, p0, p1, ym, n, q4buf + worker * q4size);
+            else if (amx) q8_panels_amx(q, dp, mc, k, (const int8_t *)w, p0, p1, ym, n);
             else
 #endif
 #if HAVE_X86
@@ -1182,7 +1197,7 @@ static int product_quant(const float *x, int64_t m, int64_t k, const uint16_t *w
             finish_i8(simd, w, k, ym, mc, n, p0 * PANEL, min64(n, p1 * PANEL), b, act, fmt == FMT_I8);
         }
     }
-    free(q); free(d); free(dp); free(c); free(cp); free(xg);
+    free(q); free(d); free(dp); free(c); free(cp); free(xg); free(q4buf);
     return failed ? -1 : 0;
 }
 

@@ -311,7 +311,7 @@ class HalfBackend(NumpyBackend):
             return "NumPy fallback (C kernels not built: slow)"
         simd = {2: "AVX-512", 1: "AVX2 + FMA + F16C"}.get(_KERNELS.simd(), "portable C")
         if _KERNELS.int8_path(96) == "AMX-INT8":  # (a chunk of MC rows: whether AMX runs at all)
-            simd += ", AMX-INT8 for int8 batches"
+            simd += ", AMX-INT8 for int8 and q4 batches"
         if _KERNELS.amx_bf16_support() == "":
             simd += ", AMX-BF16 for attention=bfloat16"
         threads = _KERNELS.max_threads()

@@ -18,6 +18,7 @@ WHY_NOT = "the C kernels are not built" if KERNELS is None else KERNELS.amx_supp
 pytestmark = pytest.mark.skipif(bool(WHY_NOT), reason=WHY_NOT or "AMX runs here")
 INT8 = hb.FORMATS["int8"]
 BY_ROW = INT8 | hb.FMT_ROWS  # inputs=rows: one input scale per row, the tiles at full depth
+Q4 = hb.FORMATS["q4"]  # its panels unpacked to int8 tiles a task at a time
 
 
 @pytest.fixture(autouse=True)
@@ -49,14 +50,15 @@ SHAPES_BY_ROW = [(33, 7), (64, 40), (128, 100), (190, 17), (768, 77)]
 
 
 @pytest.mark.parametrize("code, k, n",
-                         [(INT8, k, n) for k, n in SHAPES] + [(BY_ROW, k, n) for k, n in SHAPES_BY_ROW],
+                         [(INT8, k, n) for k, n in SHAPES] + [(BY_ROW, k, n) for k, n in SHAPES_BY_ROW]
+                         + [(Q4, k, n) for k, n in SHAPES],
                          ids=[f"blocks-{k}x{n}" for k, n in SHAPES]
-                         + [f"rows-{k}x{n}" for k, n in SHAPES_BY_ROW])
+                         + [f"rows-{k}x{n}" for k, n in SHAPES_BY_ROW] + [f"q4-{k}x{n}" for k, n in SHAPES])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_amx_product_is_the_vnni_product_bit_for_bit(k, n, threads, code):
     rng = np.random.default_rng(k * 1000 + n)
     x_all = (rng.standard_normal((max(ROWS), k)) * rng.uniform(0.01, 10, (max(ROWS), 1))).astype(np.float32)
-    w = hb.pack(rng.standard_normal((n, k)).astype(np.float32), "int8")
+    w = hb.pack(rng.standard_normal((n, k)).astype(np.float32), "q4" if code == Q4 else "int8")
     b = rng.standard_normal(n).astype(np.float32)
     for m in ROWS:
         x = x_all[:m]
@@ -66,14 +68,14 @@ def test_amx_product_is_the_vnni_product_bit_for_bit(k, n, threads, code):
             np.testing.assert_array_equal(got, want, err_msg=f"m={m} bias={bias is not None} gelu={gelu}")
 
 
-@pytest.mark.parametrize("code", [INT8, BY_ROW], ids=["blocks", "rows"])
+@pytest.mark.parametrize("code", [INT8, BY_ROW, Q4], ids=["blocks", "rows", "q4"])
 def test_amx_product_of_non_finite_inputs_is_the_vnni_product(code):
     # A block holding inf or NaN has d = NaN: those rows come out NaN on both paths, the others unchanged.
     rng = np.random.default_rng(3)
     k, n, m = 256, 70, 40
     x = rng.standard_normal((m, k)).astype(np.float32)
     x[3, 5], x[17, 100], x[18, 199], x[39, 0] = np.inf, np.nan, -np.inf, np.nan
-    w = hb.pack(rng.standard_normal((n, k)).astype(np.float32), "int8")
+    w = hb.pack(rng.standard_normal((n, k)).astype(np.float32), "q4" if code == Q4 else "int8")
     b = rng.standard_normal(n).astype(np.float32)
     for threads in (1, 2):
         want = product(x, w, n, b, threads, False, amx=False, code=code)
@@ -112,7 +114,7 @@ def test_amx_only_on_the_avx512_path():
 
 
 def test_backend_says_amx_runs():
-    assert "AMX-INT8 for int8 batches" in hb.HalfBackend.runs_on()
+    assert "AMX-INT8 for int8 and q4 batches" in hb.HalfBackend.runs_on()
     KERNELS.amx_rows(0)  # no tiles at all
     assert "AMX" not in hb.HalfBackend.runs_on()
 
@@ -125,10 +127,10 @@ def long_model_dir(tmp_path_factory):
     return write_model_dir(tmp_path_factory.mktemp("random-gpt2-128"), config)
 
 
-@pytest.mark.parametrize("inputs", ["blocks", "rows"])
+@pytest.mark.parametrize("spec", ["int8", "int8,inputs=rows", "q4"])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_prefill_logits_are_identical_with_amx_on_and_off(long_model_dir, threads, inputs):
-    pipe = inferno.load(long_model_dir, f"half:dtype=int8,threads={threads},inputs={inputs}", download=False)
+def test_prefill_logits_are_identical_with_amx_on_and_off(long_model_dir, threads, spec):
+    pipe = inferno.load(long_model_dir, f"half:dtype={spec},threads={threads}", download=False)
     ids = list(np.random.default_rng(7).integers(0, 50257, 100))
     KERNELS.amx_rows(-1)
     on = pipe.logits(ids)
