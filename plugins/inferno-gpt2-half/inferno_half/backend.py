@@ -348,7 +348,7 @@ class HalfBackend(NumpyBackend):
         if inputs not in (None, *INPUTS):
             raise ValueError(f"half backend: option inputs={inputs!r} is not supported (choose blocks or "
                              "rows)")
-        #: int8's inputs quantized by row (`INPUTS`), in every product (the embeddings' LM head too)
+        #: int8's inputs quantized by row (`INPUTS`), in every product (the LM head's too)
         self.by_row = inputs == "rows"
         if self.by_row:
             self._code |= FMT_ROWS
