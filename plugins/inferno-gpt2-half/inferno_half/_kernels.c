@@ -839,18 +839,24 @@ static const char *amx_check(void) {
     _tile_dpbssd(C, A, B); \
     AMX_STORE(C, s); } while (0)
 
-/* acc[r] += float(s[r]) * d of row r for the block (d: the block's 16), q8tile512's FMA lane for lane. A
-   macro: acc passed by pointer to a function stayed in memory. */
-#define AMX_FMA(acc, s, d) do { \
+/* acc[r] += float(s[r]) * d of row r for block blk (d: the block's 16), q8tile512's FMA lane for lane; for
+   q4 (sc: the float16 scales of these 16 outputs in block 0, Q4_BLOCK bytes a block; NULL for int8)
+   scaled by s * d, q4tile512's. A macro: acc passed by pointer to a function stayed in memory. */
+#define AMX_FMA(acc, s, d, sc, blk) do { \
+    __m512 sv = (sc) ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((sc) + (blk) * Q4_BLOCK))) \
+                     : _mm512_setzero_ps(); \
     _Pragma("GCC unroll 16") \
-    for (int r = 0; r < 16; r++) \
+    for (int r = 0; r < 16; r++) { \
+        __m512 dr = _mm512_set1_ps((d)[r]); \
         acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512((const void *)((s) + 16 * r))), \
-                                 _mm512_set1_ps((d)[r]), acc[r]); } while (0)
+                                 (sc) ? _mm512_mul_ps(sv, dr) : dr, acc[r]); \
+    } } while (0)
 
-/* The raw sums of 16 rows of q (kp bytes a row; rows past `rows` zero) by the 16 outputs of w (half a
-   panel), over every block, the first `rows` rows into y at col. d: the rows' d block-major ([kb][16]). */
-XAMX static void q8amx16(const int8_t *q, int64_t kp, const float *d, int64_t kb, const int8_t *w, int rows,
-                         float *y, int64_t n, int64_t col) {
+/* The raw sums of 16 rows of q (kp bytes a row; rows past `rows` zero) by the 16 outputs of w (half an
+   int8 panel), over every block, the first `rows` rows into y at col. d: the rows' d block-major
+   ([kb][16]); sc: q4's scales (see AMX_FMA), NULL for int8. Inlined into each caller, sc NULL or not. */
+XAMX static INLINE void amx16(const int8_t *q, int64_t kp, const float *d, int64_t kb, const int8_t *w,
+                              const uint8_t *sc, int rows, float *y, int64_t n, int64_t col) {
     __m512 acc[16];
     int32_t s[2][256] __attribute__((aligned(64)));
 #pragma GCC unroll 16
@@ -858,10 +864,10 @@ XAMX static void q8amx16(const int8_t *q, int64_t kp, const float *d, int64_t kb
     AMX_BLOCK(0, 2, 4, q, kp, w, 0, s[0]);
     for (int64_t blk = 0; blk < kb; blk += 2) {
         if (blk + 1 < kb) AMX_BLOCK(1, 3, 5, q, kp, w, blk + 1, s[1]);
-        AMX_FMA(acc, s[0], d + blk * 16);
+        AMX_FMA(acc, s[0], d + blk * 16, sc, blk);
         if (blk + 1 < kb) {
             if (blk + 2 < kb) AMX_BLOCK(0, 2, 4, q, kp, w, blk + 2, s[0]);
-            AMX_FMA(acc, s[1], d + (blk + 1) * 16);
+            AMX_FMA(acc, s[1], d + (blk + 1) * 16, sc, blk + 1);
         }
     }
     __mmask16 keep = n - col >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - col)) - 1);
@@ -872,22 +878,38 @@ XAMX static void q8amx16(const int8_t *q, int64_t kp, const float *d, int64_t kb
 }
 
 /* Panels p0 .. p1 - 1 of the raw sums for the quantized rows q [m][kp] (rows padded with zeros to a
-   multiple of 16; d: each tile of 16 rows' d block-major, [kb][16], at r0 * kb), on AMX. Tiles of rows
-   outermost: their q stays in L1 while the task's panels go by. The tile configuration is loaded by the
-   thread that runs it and released at the end (tiles left in use make each context switch save 8 KB). */
-XAMX static void q8_panels_amx(const int8_t *q, const float *d, int64_t m, int64_t k, const int8_t *w, int64_t p0,
-                               int64_t p1, float *y, int64_t n) {
-    int64_t kp = kpad(k), kb = kp / QB, gs = panel_elems(k, FMT_I8);
+   multiple of 16; d: each tile of 16 rows' d block-major, [kb][16], at r0 * kb), on AMX. The B tiles come
+   from int8 panels, panel p at wi + (p - p0) * gs; w4: the q4 weight they were unpacked from (its scales),
+   NULL for int8. Tiles of rows outermost: their q stays in L1 while the task's panels go by. The tile
+   configuration is loaded by the thread that runs it and released at the end (tiles left in use make
+   each context switch save 8 KB). */
+XAMX static void amx_panels(const int8_t *q, const float *d, int64_t m, int64_t k, const int8_t *wi, int64_t gs,
+                            const uint16_t *w4, int64_t p0, int64_t p1, float *y, int64_t n) {
+    int64_t kp = kpad(k), kb = kp / QB;
     _tile_loadconfig(&AMX_CONFIG);
     for (int64_t r0 = 0; r0 < m; r0 += 16)
         for (int64_t p = p0; p < p1; p++)
             for (int h = 0; h < 2; h++) {
                 int64_t col = p * PANEL + h * 16;
                 if (col >= n) break;
-                q8amx16(q + r0 * kp, kp, d + r0 * kb, kb, w + p * gs + h * 64, (int)min64(16, m - r0), y + r0 * n,
-                        n, col);
+                const int8_t *b = wi + (p - p0) * gs + h * 64;
+                int rows = (int)min64(16, m - r0);
+                if (w4) {
+                    const uint8_t *sc = (const uint8_t *)w4 + p * panel_elems(k, FMT_Q4) + QB * PANEL / 2
+                                        + h * 32;
+                    amx16(q + r0 * kp, kp, d + r0 * kb, kb, b, sc, rows, y + r0 * n, n, col);
+                } else {
+                    amx16(q + r0 * kp, kp, d + r0 * kb, kb, b, NULL, rows, y + r0 * n, n, col);
+                }
             }
     _tile_release();
+}
+
+/* amx_panels for an int8 weight w. */
+XAMX static void q8_panels_amx(const int8_t *q, const float *d, int64_t m, int64_t k, const int8_t *w, int64_t p0,
+                               int64_t p1, float *y, int64_t n) {
+    int64_t gs = panel_elems(k, FMT_I8);
+    amx_panels(q, d, m, k, w + p0 * gs, gs, NULL, p0, p1, y, n);
 }
 
 /* FMT_ROWS on AMX: with one input scale per row, a row's int32 sum runs over all of k, so the tiles
@@ -895,11 +917,12 @@ XAMX static void q8_panels_amx(const int8_t *q, const float *d, int64_t m, int64
    AVX-512 (the block path above is bound by it). 32 rows by a panel's 32 outputs a step (A tiles 0, 1,
    B tiles 2, 3, sums 4 to 7); the sums are exact, as vpdpbusd's, so y = float(sum) * d is the VNNI
    path's bits (its fmadd(float(sum), d, 0)). kp a multiple of 64 (else the VNNI path runs). */
+/* All eight tiles 16 rows of 64 bytes (the bfloat16 attention's tiles too). */
 static const struct {
     uint8_t palette, start_row, reserved[14];
     uint16_t colsb[16];
     uint8_t rows[16];
-} __attribute__((aligned(64))) AMX_ROWS_CONFIG = {1, 0, {0}, {64, 64, 64, 64, 64, 64, 64, 64},
+} __attribute__((aligned(64))) AMX_FULL_CONFIG = {1, 0, {0}, {64, 64, 64, 64, 64, 64, 64, 64},
                                                    {16, 16, 16, 16, 16, 16, 16, 16}};
 
 X512 static inline __m512 exp16(__m512 x);
@@ -935,7 +958,7 @@ XAMX static void q8_panels_amx_rows(const int8_t *q, const float *d, int64_t m, 
                                     int64_t p0, int64_t p1, float *y, int64_t n, const float *b, int act) {
     int64_t kp = kpad(k), gs = panel_elems(k, FMT_I8);
     int32_t s[256] __attribute__((aligned(64)));
-    _tile_loadconfig(&AMX_ROWS_CONFIG);
+    _tile_loadconfig(&AMX_FULL_CONFIG);
     for (int64_t r0 = 0; r0 < m; r0 += 32) {
         int two = r0 + 16 < m;  /* a second tile of rows */
         const int8_t *qa = q + r0 * kp, *qb = qa + 16 * kp;
@@ -1604,13 +1627,6 @@ static int attend_blocked(int64_t b, int64_t h, int64_t hkv, int64_t t, int64_t 
 #if HAVE_AMX
 #define XAMXB __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
 
-static const struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} __attribute__((aligned(64))) AMX_BF16_CONFIG = {1, 0, {0}, {64, 64, 64, 64, 64, 64, 64, 64},
-                                                   {16, 16, 16, 16, 16, 16, 16, 16}};
-
 /* Why the bfloat16 tiles cannot run here ("" when they can): AMX's checks, and AMX-BF16. */
 static const char *amx_bf16_check(void) {
     if (amx_min_rows == 0) return "AMX is switched off (amx_rows(0), INFERNO_HALF_ISA=avx512)";
@@ -1772,7 +1788,7 @@ XAMXB static int attend_amx_bf16(int64_t b, int64_t h, int64_t hkv, int64_t t, i
                     _mm256_storeu_si256((__m256i *)(qb + r * d + c),
                                         r < mr ? to_bf16x16(_mm512_loadu_ps(q + seq * q_s + head * q_h + (i0 + r) * q_t + c))
                                                : _mm256_setzero_si256());
-            _tile_loadconfig(&AMX_BF16_CONFIG);
+            _tile_loadconfig(&AMX_FULL_CONFIG);
             attend_tile_bf16(qb, kt + kv * d * lk, vt + kv * d * lk, lk, d, offset + i0 + 1, mr, scale, s, pb, ob,
                              out + seq * o_s + head * o_h + i0 * o_t, o_t);
             _tile_release();

@@ -213,7 +213,7 @@ static int64_t q4_plan(int simd, int64_t m, int64_t *sizes) {
 
 #if HAVE_AMX
 /* q4 on AMX, for products of many rows (as int8's, amx_rows): a task's panels are unpacked once into int8
-   panels (q in -8 .. 7, int8's layout, so that q8amx16's B tiles read them), then one TDPBSSD a block of
+   panels (q in -8 .. 7, int8's layout, so that amx16's B tiles read them), then one TDPBSSD a block of
    32 inputs gives the block's exact int32 sums (the VNNI path's, without its + 8 offset), scaled as
    q4tile512 scales them lane for lane: acc = fma(float(sum), s * d, acc), over the blocks in order. */
 
@@ -233,57 +233,12 @@ XAMX static void q4_unpack_panel(const uint16_t *w, int64_t p, int64_t k, int8_t
     }
 }
 
-/* acc[r] += float(s[r]) * (sv * d of row r) for a block: q4tile512's FMA lane for lane. */
-#define AMX_FMA4(acc, s, d, sv) do { \
-    _Pragma("GCC unroll 16") \
-    for (int r = 0; r < 16; r++) \
-        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512((const void *)((s) + 16 * r))), \
-                                 _mm512_mul_ps((sv), _mm512_set1_ps((d)[r])), acc[r]); } while (0)
-
-/* The 16 float32 scales of half h of block blk of q4 panel p. */
-XAMX static inline __m512 q4_scales16(const uint16_t *w, int64_t p, int64_t blk, int64_t k, int h) {
-    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(q4_block(w, p, blk, k) + QB * PANEL / 2 + h * 32)));
-}
-
-/* q8amx16 for half h of q4 panel p (wi: its unpacked int8 panel, offset to the half): 16 rows of q by 16
-   outputs over every block, into y at col. */
-XAMX static void q4amx16(const int8_t *q, int64_t kp, const float *d, int64_t kb, const int8_t *wi,
-                         const uint16_t *w, int64_t p, int64_t k, int h, int rows, float *y, int64_t n,
-                         int64_t col) {
-    __m512 acc[16];
-    int32_t s[2][256] __attribute__((aligned(64)));
-#pragma GCC unroll 16
-    for (int r = 0; r < 16; r++) acc[r] = _mm512_setzero_ps();
-    AMX_BLOCK(0, 2, 4, q, kp, wi, 0, s[0]);
-    for (int64_t blk = 0; blk < kb; blk += 2) {
-        if (blk + 1 < kb) AMX_BLOCK(1, 3, 5, q, kp, wi, blk + 1, s[1]);
-        AMX_FMA4(acc, s[0], d + blk * 16, q4_scales16(w, p, blk, k, h));
-        if (blk + 1 < kb) {
-            if (blk + 2 < kb) AMX_BLOCK(0, 2, 4, q, kp, wi, blk + 2, s[0]);
-            AMX_FMA4(acc, s[1], d + (blk + 1) * 16, q4_scales16(w, p, blk + 1, k, h));
-        }
-    }
-    __mmask16 keep = n - col >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - col)) - 1);
-#pragma GCC unroll 16
-    for (int r = 0; r < 16; r++)
-        if (r < rows) _mm512_mask_storeu_ps(y + r * n + col, keep, acc[r]);
-}
-
 /* Panels p0 .. p1 - 1 (at most TASK) of a q4 product on AMX, as q8_panels_amx (q, d: its operands), the
    panels unpacked into buf (TASK * kpad(k) * PANEL bytes). */
 XAMX static void q4_panels_amx(const int8_t *q, const float *d, int64_t m, int64_t k, const uint16_t *w, int64_t p0,
                                int64_t p1, float *y, int64_t n, int8_t *buf) {
-    int64_t kp = kpad(k), kb = kp / QB, size = kp * PANEL;
+    int64_t size = kpad(k) * PANEL;
     for (int64_t p = p0; p < p1; p++) q4_unpack_panel(w, p, k, buf + (p - p0) * size);
-    _tile_loadconfig(&AMX_CONFIG);
-    for (int64_t r0 = 0; r0 < m; r0 += 16)
-        for (int64_t p = p0; p < p1; p++)
-            for (int h = 0; h < 2; h++) {
-                int64_t col = p * PANEL + h * 16;
-                if (col >= n) break;
-                q4amx16(q + r0 * kp, kp, d + r0 * kb, kb, buf + (p - p0) * size + h * 64, w, p, k, h,
-                        (int)min64(16, m - r0), y + r0 * n, n, col);
-            }
-    _tile_release();
+    amx_panels(q, d, m, k, buf, size, w, p0, p1, y, n);
 }
 #endif
