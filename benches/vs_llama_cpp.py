@@ -211,12 +211,12 @@ def make_ggufs(shape: str, folder: Path, src: Path, bins: Path, formats: list[st
 # ----------------------------------------------------------------------------------------- llama.cpp
 
 
-def llama_bench(bins: Path, gguf: Path, threads: int) -> dict[str, float]:
-    """tok/s of pp64 and pp512 and tg64, all at depth 64 (64 tokens already in the KV cache), one
+def llama_bench(bins: Path, gguf: Path, threads: int, long: int = LONG) -> dict[str, float]:
+    """tok/s of pp64 and pp`long` and tg64, all at depth 64 (64 tokens already in the KV cache), one
     repetition each, in one llama-bench call (no warm-up run: `llama_warm_up` ran once before)."""
     time.sleep(PAUSE)
     r = run([str(bins / "llama-bench"), "-m", str(gguf), "-t", str(threads), "-r", "1", "--no-warmup",
-             "-o", "json", "-p", f"{PROMPT},{LONG}", "-n", str(NEW), "-d", str(PROMPT)])
+             "-o", "json", "-p", f"{PROMPT},{long}", "-n", str(NEW), "-d", str(PROMPT)])
     got = {}
     for test in json.loads(r.stdout):
         key = "decode" if test["n_gen"] else f"prefill{test['n_prompt']}"
@@ -252,7 +252,7 @@ def load_inferno(folder: Path, spec: str, threads: int):
     return load_model(folder / "config.json", folder, get_backend(name, **options))
 
 
-def inferno_batch1(model) -> dict[str, float]:
+def inferno_batch1(model, long: int = LONG) -> dict[str, float]:
     from inferno.bench import prompt_ids, time_prefill
 
     vocab = model.config.vocab_size
@@ -260,7 +260,7 @@ def inferno_batch1(model) -> dict[str, float]:
     time.sleep(PAUSE)
     got["prefill64"] = PROMPT / time_prefill(model, prompt_ids(PROMPT, vocab, seed=1))
     time.sleep(PAUSE)
-    got[f"prefill{LONG}"] = LONG / time_prefill(model, prompt_ids(LONG, vocab, seed=2))
+    got[f"prefill{long}"] = long / time_prefill(model, prompt_ids(long, vocab, seed=2))
     return got
 
 
@@ -365,7 +365,6 @@ def med(xs: list[float]) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    global LONG  # (--long: read by llama_bench and inferno_batch1)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--llama-cpp", type=Path, required=True, help="the folder of llama.cpp's binaries")
     ap.add_argument("--llama-cpp-src", type=Path, required=True, help="llama.cpp's source tree "
@@ -384,7 +383,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--serve", metavar="GGUF", help="instead: 16 HTTP clients, llama-server on this GGUF "
                     "format vs `inferno serve` on the first --inferno spec (--batched-prompt/-new tokens)")
     args = ap.parse_args(argv)
-    LONG = args.long
     sep = ";" if ";" in args.inferno else ","
     specs = [s for s in args.inferno.split(sep) if s]
     if sep == "," and any("=" in s and ":" not in s for s in specs):
@@ -416,14 +414,14 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(args.repeat):
             print(f"{shape}: round {r + 1}/{args.repeat}, load {os.getloadavg()}", file=sys.stderr)
             for f in formats:
-                got = llama_bench(args.llama_cpp, ggufs[f], args.threads)
+                got = llama_bench(args.llama_cpp, ggufs[f], args.threads, args.long)
                 if not args.no_batched:
                     got["batched16"] = llama_batched(args.llama_cpp, ggufs[f], args.threads,
                                                      args.batched_prompt, args.batched_new)
                 for k, v in got.items():
                     res[f"llama.cpp {f}"].setdefault(k, []).append(v)
             for s, m in models.items():
-                got = inferno_batch1(m)
+                got = inferno_batch1(m, args.long)
                 before = read_bandwidth(buffer, pool, args.threads)
                 got["decode"] = inferno_decode(m)
                 after = read_bandwidth(buffer, pool, args.threads)
@@ -436,9 +434,9 @@ def main(argv: list[str] | None = None) -> int:
                     res[f"inferno {s}"].setdefault(k, []).append(v)
         print(f"\n{shape} (random weights, {args.threads} threads, medians of {args.repeat} interleaved "
               f"rounds; load average now {os.getloadavg()})\n")
-        keys = ["decode", "prefill64", f"prefill{LONG}"] + ([] if args.no_batched else ["batched16"])
+        keys = ["decode", "prefill64", f"prefill{args.long}"] + ([] if args.no_batched else ["batched16"])
         names = {"decode": "decode b=1 tok/s", "prefill64": "prefill 64 tok/s",
-                 f"prefill{LONG}": f"prefill {LONG} tok/s", "batched16": "16 seqs decode tok/s"}
+                 f"prefill{args.long}": f"prefill {args.long} tok/s", "batched16": "16 seqs decode tok/s"}
         print("| side | " + " | ".join(names[k] for k in keys) + " |")
         print("| --- |" + " --: |" * len(keys))
         for s in sides:
