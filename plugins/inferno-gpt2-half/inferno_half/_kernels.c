@@ -1617,26 +1617,34 @@ static int attend_blocked(int64_t b, int64_t h, int64_t hkv, int64_t t, int64_t 
 #endif
 }
 
-/* ------------------------------------------------------------------------ attention on AMX-BF16 tiles
-   A long prompt's attention in bfloat16 tiles (TDPBF16PS: 16 x 32 by 32 x 16 bfloat16 products summed in
-   float32), as PyTorch's bfloat16 attention runs on this hardware: the queries, keys, values and the
-   softmax weights rounded to bfloat16 (to nearest even), the scores, the softmax and every sum float32.
-   Per 16 queries of a head: S = Q K^T by 16 keys (d / 32 tile products each), an exact softmax per row
-   in AVX-512 (exp16), then P V by 32 keys into up to 4 tiles of 16 outputs. The keys and values of each
-   key/value head are packed once, in the tiles' pair layout: kt [d / 2][lk][2], vt [lk / 2][d][2]. */
-#if HAVE_AMX
-#define XAMXB __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+/* --------------------------------------------------------------------------- attention in bfloat16
+   A long prompt's attention with bfloat16 products summed in float32, as PyTorch's bfloat16 attention
+   runs on this hardware: the queries, keys, values and the softmax weights rounded to bfloat16 (to
+   nearest even), the scores, the softmax and every sum float32. Per 16 queries of a head: S = Q K^T, an
+   exact softmax per row in AVX-512 (exp16), then P V. Two paths, the same roundings (their sums differ
+   in order only): AMX-BF16 tiles (TDPBF16PS, 16 x 32 by 32 x 16 products), and where the CPU has
+   AVX512-BF16 but no AMX (AMD Zen 4 and 5), VDPBF16PS (16 pairs of products a vector). The keys and
+   values of each key/value head are packed once, in the pair layout both take: kt [d / 2][lk][2],
+   vt [lk / 2][d][2]. */
+#if HAVE_X86 && defined(__x86_64__) && (defined(__clang__) ? __clang_major__ >= 9 : __GNUC__ >= 10)
+#define HAVE_BF16 1
+#else
+#define HAVE_BF16 0
+#endif
+#define BF16_AVX512 1
+#define BF16_AMX 2
 
-/* Why the bfloat16 tiles cannot run here ("" when they can): AMX's checks, and AMX-BF16. */
-static const char *amx_bf16_check(void) {
-    if (amx_min_rows == 0) return "AMX is switched off (amx_rows(0), INFERNO_HALF_ISA=avx512)";
+#if HAVE_BF16
+#include <cpuid.h>
+#define X512B __attribute__((target("avx512bf16,avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+
+static int cpu_has_avx512_bf16(void) {
     unsigned a, b, c, d;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 22))) return "CPU lacks AMX-BF16";
-    return amx_support();
+    return cpu_has_avx512() && __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5));
 }
 
 /* 16 float32 → bfloat16 (nearest, ties to even, as to_bf16), each in the low half of a 32-bit lane. */
-XAMXB static inline __m512i bf16_lanes(__m512 v) {
+X512 static inline __m512i bf16_lanes(__m512 v) {
     __m512i u = _mm512_castps_si512(v);
     __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF),
                                                      _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))));
@@ -1644,7 +1652,7 @@ XAMXB static inline __m512i bf16_lanes(__m512 v) {
 }
 
 /* 16 float32 → 16 bfloat16 side by side. */
-XAMXB static inline __m256i to_bf16x16(__m512 v) { return _mm512_cvtepi32_epi16(bf16_lanes(v)); }
+X512 static inline __m256i to_bf16x16(__m512 v) { return _mm512_cvtepi32_epi16(bf16_lanes(v)); }
 
 static inline uint16_t to_bf16(float f) {
     uint32_t u;
@@ -1652,38 +1660,11 @@ static inline uint16_t to_bf16(float f) {
     return (uint16_t)((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
 }
 
-/* The store of a float32 sums tile T (16 x 16) to s, 64 bytes a row. */
-#define AMX_STORE_F(T, s) \
-    __asm__ volatile("{tilestored\t%%tmm" #T ", (%1,%2,1)|tilestored\t[%1+%2*1], %%tmm" #T "}" \
-                     : "=m"(*(float(*)[256])(s)) : "r"(s), "r"((long)64))
-
-/* One tile of up to 16 queries (the first mr real; qb [16][d] bfloat16, zero past mr) of a head over
-   keys 0 .. first + mr - 2 (row r sees first + r of them): kt, vt the packed keys and values of its
-   key/value head (lk keys, a multiple of 32, zero past the last). s [16][lk] float32, pb [16][lk]
-   bfloat16, ob [4][256] float32: scratch. Out row r at out + r * o_stride. d a multiple of 32. */
-XAMXB static void attend_tile_bf16(const uint16_t *qb, const uint16_t *kt, const uint16_t *vt, int64_t lk, int64_t d,
-                                   int64_t first, int mr, float scale, float *s, uint16_t *pb, float *ob, float *out,
-                                   int64_t o_stride) {
-    int64_t keys = first + mr - 1, nk = (keys + 31) / 32 * 32;
-    /* S by 64 keys: four sums tiles (2, 5, 6, 7) in flight, a chunk of the queries loaded once for them */
-    for (int64_t j0 = 0; j0 < keys; j0 += 64) {
-        int parts = (int)min64(4, (nk - j0) / 16);
-        _tile_zero(2); _tile_zero(5); _tile_zero(6); _tile_zero(7);
-        for (int64_t c0 = 0; c0 < d; c0 += 32) {
-            const uint16_t *kc = kt + (c0 / 2) * lk * 2 + j0 * 2;
-            _tile_loadd(0, qb + c0, d * 2);
-            _tile_loadd(1, kc, lk * 4);
-            _tile_dpbf16ps(2, 0, 1);
-            if (parts > 1) { _tile_loadd(4, kc + 32, lk * 4); _tile_dpbf16ps(5, 0, 4); }
-            if (parts > 2) { _tile_loadd(1, kc + 64, lk * 4); _tile_dpbf16ps(6, 0, 1); }
-            if (parts > 3) { _tile_loadd(4, kc + 96, lk * 4); _tile_dpbf16ps(7, 0, 4); }
-        }
-        _tile_stored(2, s + j0, lk * 4);
-        if (parts > 1) _tile_stored(5, s + j0 + 16, lk * 4);
-        if (parts > 2) _tile_stored(6, s + j0 + 32, lk * 4);
-        if (parts > 3) _tile_stored(7, s + j0 + 48, lk * 4);
-    }
-    float inv[16];
+/* The softmax of a tile's scores, both paths': row r of s [16][lk] (its first + r scores; none past mr)
+   scaled, its exponentials (less the row's largest) rounded to bfloat16 into pb [16][lk] (zero from the
+   row's end up to nk), and 1 / their float32 sum in inv[r] (0 for rows past mr). */
+X512 static void softmax_rows_bf16(float *s, uint16_t *pb, int64_t lk, int64_t first, int mr, int64_t nk,
+                                   float scale, float *inv) {
     const __m512 vscale = _mm512_set1_ps(scale);
     for (int r = 0; r < 16; r++) {
         int64_t n = r < mr ? first + r : 0;
@@ -1710,6 +1691,100 @@ XAMXB static void attend_tile_bf16(const uint16_t *qb, const uint16_t *kt, const
         for (; j < nk; j++) pr[j] = 0;
         inv[r] = n ? 1.0f / sum : 0.0f;
     }
+}
+
+/* One tile of up to 16 queries (the first mr real) of a head over keys 0 .. first + mr - 2 (row r sees
+   first + r of them) on AVX512-BF16: qp [d / 2][16] the queries' pairs of bfloat16, pair-major (zero past
+   mr); kt, vt the packed keys and values of its key/value head (lk keys, a multiple of 32, zero past the
+   last). S by 16 keys, the 16 rows' sums in registers, each VDPBF16PS 16 keys' pairs by one query's pair
+   (broadcast); P V by 16 outputs, each two keys' values by a pair of a row's weights, the weights
+   transposed pair-major first (pt) so that the 16 rows' broadcasts share one pointer. s [16][lk] float32,
+   pb [16][lk] bfloat16, pt [lk / 2][16] pairs: scratch. Out row r at out + r * o_stride. d a multiple of
+   32. */
+X512B static void attend_tile_dpbf16(const uint32_t *qp, const uint16_t *kt, const uint16_t *vt, int64_t lk,
+                                     int64_t d, int64_t first, int mr, float scale, float *s, uint16_t *pb,
+                                     uint32_t *pt, float *out, int64_t o_stride) {
+    int64_t keys = first + mr - 1, nk = (keys + 31) / 32 * 32, pairs = d / 2;
+    const uint32_t *kp = (const uint32_t *)kt;
+    for (int64_t j0 = 0; j0 < keys; j0 += 16) {
+        __m512 acc[16];
+#pragma GCC unroll 16
+        for (int r = 0; r < 16; r++) acc[r] = _mm512_setzero_ps();
+        for (int64_t c = 0; c < pairs; c++) {
+            __m512bh kv = (__m512bh)_mm512_loadu_si512((const void *)(kp + c * lk + j0));
+            const uint32_t *qc = qp + c * 16;
+#pragma GCC unroll 16
+            for (int r = 0; r < 16; r++) acc[r] = _mm512_dpbf16_ps(acc[r], kv, (__m512bh)_mm512_set1_epi32((int)qc[r]));
+        }
+        for (int r = 0; r < mr; r++) _mm512_storeu_ps(s + r * lk + j0, acc[r]);
+    }
+    float inv[16];
+    softmax_rows_bf16(s, pb, lk, first, mr, nk, scale, inv);
+    int64_t kpairs = (keys + 1) / 2;  /* pb is zero past each row's keys */
+    const uint32_t *pp = (const uint32_t *)pb;
+    for (int64_t jp = 0; jp < kpairs; jp++)
+#pragma GCC unroll 16
+        for (int r = 0; r < 16; r++) pt[jp * 16 + r] = pp[r * (lk / 2) + jp];
+    const uint32_t *vp = (const uint32_t *)vt;
+    for (int64_t c0 = 0; c0 < d; c0 += 16) {
+        __m512 acc[16];
+#pragma GCC unroll 16
+        for (int r = 0; r < 16; r++) acc[r] = _mm512_setzero_ps();
+        for (int64_t jp = 0; jp < kpairs; jp++) {
+            __m512bh vv = (__m512bh)_mm512_loadu_si512((const void *)(vp + jp * d + c0));
+            const uint32_t *pj = pt + jp * 16;
+#pragma GCC unroll 16
+            for (int r = 0; r < 16; r++) acc[r] = _mm512_dpbf16_ps(acc[r], vv, (__m512bh)_mm512_set1_epi32((int)pj[r]));
+        }
+        for (int r = 0; r < mr; r++)
+            _mm512_storeu_ps(out + r * o_stride + c0, _mm512_mul_ps(acc[r], _mm512_set1_ps(inv[r])));
+    }
+}
+#endif
+
+#if HAVE_AMX
+#define XAMXB __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+
+/* Why the bfloat16 tiles cannot run here ("" when they can): AMX's checks, and AMX-BF16. */
+static const char *amx_bf16_check(void) {
+    if (amx_min_rows == 0) return "AMX is switched off (amx_rows(0), INFERNO_HALF_ISA=avx512)";
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 22))) return "CPU lacks AMX-BF16";
+    return amx_support();
+}
+
+/* The store of a float32 sums tile T (16 x 16) to s, 64 bytes a row. */
+#define AMX_STORE_F(T, s) \
+    __asm__ volatile("{tilestored\t%%tmm" #T ", (%1,%2,1)|tilestored\t[%1+%2*1], %%tmm" #T "}" \
+                     : "=m"(*(float(*)[256])(s)) : "r"(s), "r"((long)64))
+
+/* attend_tile_dpbf16 on AMX-BF16 tiles: S by 64 keys (d / 32 tile products into each of four sums
+   tiles), P V by 32 keys into up to 4 tiles of 16 outputs. ob [4][256] float32: scratch. */
+XAMXB static void attend_tile_amx(const uint16_t *qb, const uint16_t *kt, const uint16_t *vt, int64_t lk, int64_t d,
+                                  int64_t first, int mr, float scale, float *s, uint16_t *pb, float *ob, float *out,
+                                  int64_t o_stride) {
+    int64_t keys = first + mr - 1, nk = (keys + 31) / 32 * 32;
+    _tile_loadconfig(&AMX_FULL_CONFIG);
+    /* S by 64 keys: four sums tiles (2, 5, 6, 7) in flight, a chunk of the queries loaded once for them */
+    for (int64_t j0 = 0; j0 < keys; j0 += 64) {
+        int parts = (int)min64(4, (nk - j0) / 16);
+        _tile_zero(2); _tile_zero(5); _tile_zero(6); _tile_zero(7);
+        for (int64_t c0 = 0; c0 < d; c0 += 32) {
+            const uint16_t *kc = kt + (c0 / 2) * lk * 2 + j0 * 2;
+            _tile_loadd(0, qb + c0, d * 2);
+            _tile_loadd(1, kc, lk * 4);
+            _tile_dpbf16ps(2, 0, 1);
+            if (parts > 1) { _tile_loadd(4, kc + 32, lk * 4); _tile_dpbf16ps(5, 0, 4); }
+            if (parts > 2) { _tile_loadd(1, kc + 64, lk * 4); _tile_dpbf16ps(6, 0, 1); }
+            if (parts > 3) { _tile_loadd(4, kc + 96, lk * 4); _tile_dpbf16ps(7, 0, 4); }
+        }
+        _tile_stored(2, s + j0, lk * 4);
+        if (parts > 1) _tile_stored(5, s + j0 + 16, lk * 4);
+        if (parts > 2) _tile_stored(6, s + j0 + 32, lk * 4);
+        if (parts > 3) _tile_stored(7, s + j0 + 48, lk * 4);
+    }
+    float inv[16];
+    softmax_rows_bf16(s, pb, lk, first, mr, nk, scale, inv);
     for (int64_t c0 = 0; c0 < d; c0 += 64) {
         int parts = (int)min64(4, (d - c0) / 16);
         _tile_zero(2); _tile_zero(5); _tile_zero(6); _tile_zero(7);
@@ -1732,14 +1807,40 @@ XAMXB static void attend_tile_bf16(const uint16_t *qb, const uint16_t *kt, const
                 _mm512_storeu_ps(out + r * o_stride + c0 + 16 * u, _mm512_mul_ps(_mm512_loadu_ps(ob + 256 * u + 16 * r), f));
         }
     }
+    _tile_release();
+}
+#endif
+
+/* Which path attention(..., bf16=True) takes now for a long prompt: BF16_AMX, BF16_AVX512 or 0 (then it
+   runs in float32); *why says why not AMX-BF16 ("" when it runs), or why neither. */
+static int bf16_attention_path(const char **why) {
+    if (simd_path() != PATH_AVX512) {
+        *why = "a lesser path than AVX-512 runs";
+        return 0;
+    }
+#if HAVE_AMX
+    *why = amx_bf16_check();
+    if (!(*why)[0]) return BF16_AMX;
+#else
+    *why = "the compiler that built the kernels lacks AMX";
+#endif
+#if HAVE_BF16
+    if (cpu_has_avx512_bf16()) return BF16_AVX512;
+    *why = "CPU lacks AVX512-BF16 and AMX-BF16";
+#endif
+    return 0;
 }
 
-/* attend_blocked's attention on AMX-BF16 tiles, in tiles of 16 queries. Returns 0, or -1 when it cannot
-   run (no AMX-BF16 or tile data, d not a multiple of 32, out of memory): then nothing is computed. */
-XAMXB static int attend_amx_bf16(int64_t b, int64_t h, int64_t hkv, int64_t t, int64_t d, const float *q, int64_t q_s,
-                                 int64_t q_h, int64_t q_t, const float *k, const float *v, int64_t l, int64_t offset,
-                                 float *out, int64_t o_s, int64_t o_h, int64_t o_t, int threads) {
-    if (d % 32 || amx_bf16_check()[0]) return -1;
+/* attend_blocked's attention in bfloat16, in tiles of 16 queries, on the best bfloat16 path. Returns 0,
+   or -1 when it cannot run (no bfloat16 path, d not a multiple of 32, out of memory): then nothing is
+   computed. */
+#if HAVE_BF16
+X512B static int attend_bf16(int64_t b, int64_t h, int64_t hkv, int64_t t, int64_t d, const float *q, int64_t q_s,
+                             int64_t q_h, int64_t q_t, const float *k, const float *v, int64_t l, int64_t offset,
+                             float *out, int64_t o_s, int64_t o_h, int64_t o_t, int threads) {
+    const char *why;
+    int bf16 = bf16_attention_path(&why);
+    if (d % 32 || !bf16) return -1;
     int64_t keys = offset + t, lk = (keys + 31) / 32 * 32, tiles = (t + 15) / 16, group = h / hkv;
     uint16_t *kt = calloc((size_t)(b * hkv * d * lk), 2), *vt = calloc((size_t)(b * hkv * d * lk), 2);
     if (!kt || !vt) { free(kt); free(vt); return -1; }
@@ -1750,7 +1851,8 @@ XAMXB static int attend_amx_bf16(int64_t b, int64_t h, int64_t hkv, int64_t t, i
 #pragma omp parallel num_threads(threads > 0 ? threads : 1) if (threads > 1)
 #endif
     {
-        float *scratch = malloc(sizeof(float) * (size_t)(16 * lk + 1024) + sizeof(uint16_t) * (size_t)(16 * lk + 16 * d));
+        float *scratch = malloc(sizeof(float) * (size_t)(16 * lk + 1024 + 8 * lk + 8 * d)
+                                + sizeof(uint16_t) * (size_t)(16 * lk + 16 * d));
         if (!scratch) failed = 1;
 #ifdef _OPENMP
 #pragma omp for schedule(static)
@@ -1758,12 +1860,19 @@ XAMXB static int attend_amx_bf16(int64_t b, int64_t h, int64_t hkv, int64_t t, i
         for (int64_t bh = 0; bh < b * hkv; bh++) {
             const float *kh = k + bh * l * d, *vh = v + bh * l * d;
             uint32_t *kd = (uint32_t *)(kt + bh * d * lk), *vd = (uint32_t *)(vt + bh * d * lk);
-            /* a key's d values are d / 2 pairs, pair i to row i of kd (lk pairs a row): 8 by a scatter */
-            const __m256i rows8 = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)lk));
-            for (int64_t j = 0; j < keys; j++)
-                for (int64_t c = 0; c < d; c += 16)
-                    _mm256_i32scatter_epi32((int *)(kd + (c / 2) * lk + j), rows8,
-                                            to_bf16x16(_mm512_loadu_ps(kh + j * d + c)), 4);
+            /* a key's d values are d / 2 pairs, pair i to row i of kd (lk pairs a row): 16 keys at a time
+               through the scratch, so that each row gets 64 bytes at once (rows lk * 4 bytes apart, 4 KB
+               for 1024 keys, share cache sets: a key at a time, or AMD's scatter, was 7% of the time) */
+            uint32_t *rows = (uint32_t *)(scratch + 16 * lk + 1024);  /* [16][d / 2], in pt's place */
+            for (int64_t j0 = 0; scratch && j0 < keys; j0 += 16) {
+                int64_t m = min64(16, keys - j0);
+                for (int64_t j = 0; j < m; j++)
+                    for (int64_t c = 0; c < d; c += 16)
+                        _mm256_storeu_si256((__m256i *)((uint16_t *)(rows + j * (d / 2)) + c),
+                                            to_bf16x16(_mm512_loadu_ps(kh + (j0 + j) * d + c)));
+                for (int64_t c = 0; c < d / 2; c++)
+                    for (int64_t j = 0; j < m; j++) kd[c * lk + j0 + j] = rows[j * (d / 2) + c];
+            }
             /* keys j, j + 1 side by side in each 32-bit lane, d of them a row */
             for (int64_t j = 0; j < keys; j += 2)
                 for (int64_t c = 0; c < d; c += 16) {
@@ -1782,16 +1891,25 @@ XAMXB static int attend_amx_bf16(int64_t b, int64_t h, int64_t hkv, int64_t t, i
             int64_t i0 = tile * 16;
             int mr = (int)min64(16, t - i0);
             float *s = scratch, *ob = scratch + 16 * lk;
-            uint16_t *pb = (uint16_t *)(ob + 1024), *qb = pb + 16 * lk;
+            uint32_t *pt = (uint32_t *)(ob + 1024), *qp = pt + 8 * lk;
+            uint16_t *pb = (uint16_t *)(qp + 8 * d), *qb = pb + 16 * lk;
             for (int r = 0; r < 16; r++)
                 for (int64_t c = 0; c < d; c += 16)
                     _mm256_storeu_si256((__m256i *)(qb + r * d + c),
                                         r < mr ? to_bf16x16(_mm512_loadu_ps(q + seq * q_s + head * q_h + (i0 + r) * q_t + c))
                                                : _mm256_setzero_si256());
-            _tile_loadconfig(&AMX_FULL_CONFIG);
-            attend_tile_bf16(qb, kt + kv * d * lk, vt + kv * d * lk, lk, d, offset + i0 + 1, mr, scale, s, pb, ob,
-                             out + seq * o_s + head * o_h + i0 * o_t, o_t);
-            _tile_release();
+            float *o = out + seq * o_s + head * o_h + i0 * o_t;
+#if HAVE_AMX
+            if (bf16 == BF16_AMX) {
+                attend_tile_amx(qb, kt + kv * d * lk, vt + kv * d * lk, lk, d, offset + i0 + 1, mr, scale, s, pb, ob,
+                                o, o_t);
+                continue;
+            }
+#endif
+            for (int64_t c = 0; c < d / 2; c++)  /* the queries' pairs, pair-major */
+                for (int r = 0; r < 16; r++) qp[c * 16 + r] = ((const uint32_t *)qb)[r * (d / 2) + c];
+            attend_tile_dpbf16(qp, kt + kv * d * lk, vt + kv * d * lk, lk, d, offset + i0 + 1, mr, scale, s, pb, pt,
+                               o, o_t);
         }
         free(scratch);
     }
@@ -1819,9 +1937,9 @@ static int qkv_attention(const float *qkv, int64_t b, int64_t t, int64_t h, int6
                 memcpy(k + at, row + c, sizeof(float) * (size_t)d);
                 memcpy(v + at, row + 2 * c, sizeof(float) * (size_t)d);
             }
-#if HAVE_AMX
+#if HAVE_BF16
     if (att16 && t > BLOCKED_QUERIES && simd_path() == PATH_AVX512
-        && !attend_amx_bf16(b, h, h, t, d, qkv, t * 3 * c, d, 3 * c, k, v, l, offset, out, t * c, d, c, threads))
+        && !attend_bf16(b, h, h, t, d, qkv, t * 3 * c, d, 3 * c, k, v, l, offset, out, t * c, d, c, threads))
         return 0;
 #else
     (void)att16;
@@ -2281,11 +2399,11 @@ static PyObject *py_attention(PyObject *self, PyObject *const *a, Py_ssize_t na)
     int64_t l = k->shape[2];
     Py_BEGIN_ALLOW_THREADS
     /* A long prompt attends in tiles of queries on the AVX-512 path (as the fused block does): with att16,
-       bfloat16 tiles where the CPU has them. */
+       in bfloat16 where the CPU can (AMX-BF16 or AVX512-BF16). */
     int tiled = t > BLOCKED_QUERIES && simd_path() == PATH_AVX512, done = 0;
-#if HAVE_AMX
+#if HAVE_BF16
     done = att16 && tiled
-           && !attend_amx_bf16(b, hd, hkv, t, d, q->buf, hd * t * d, t * d, d, k->buf, v->buf, l, offset, out->buf,
+           && !attend_bf16(b, hd, hkv, t, d, q->buf, hd * t * d, t * d, d, k->buf, v->buf, l, offset, out->buf,
                                hd * t * d, t * d, d, (int)threads);
 #endif
     if (!done && tiled && d % 16 == 0)
@@ -2568,8 +2686,9 @@ static PyObject *py_force_avx2(PyObject *self, PyObject *flag) {
 }
 
 /* amx_rows(rows): int8 products (each chunk of up to MC rows) of at least `rows` rows run on AMX tiles
-   where the CPU and OS allow; 0 never, and no tiles at all (attention=bfloat16's neither: the tests
-   compare the paths so, and INFERNO_HALF_ISA=avx512 sets it); negative, the default AMX_ROWS.
+   where the CPU and OS allow; 0 never, and no tiles at all (attention=bfloat16 then runs on AVX512-BF16
+   where the CPU has it: the tests compare the paths so, and INFERNO_HALF_ISA=avx512 sets it); negative,
+   the default AMX_ROWS.
    Returns the threshold now set. */
 static PyObject *py_amx_rows(PyObject *self, PyObject *arg) {
     (void)self;
@@ -2591,6 +2710,14 @@ static PyObject *py_amx_bf16_support(PyObject *self, PyObject *unused) {
 #else
     return PyUnicode_FromString(amx_support());
 #endif
+}
+
+/* bf16_attention() -> (path, why): the path attention(..., bf16=True) takes now for a long prompt. */
+static PyObject *py_bf16_attention(PyObject *self, PyObject *unused) {
+    (void)self; (void)unused;
+    const char *why;
+    int bf16 = bf16_attention_path(&why);
+    return Py_BuildValue("(ss)", bf16 == BF16_AMX ? "AMX-BF16" : bf16 == BF16_AVX512 ? "AVX512-BF16" : "", why);
 }
 
 /* int8_path(rows): the path an int8 product of `rows` rows takes now (its first chunk of up to MC). */
@@ -2617,8 +2744,8 @@ static PyMethodDef functions[] = {
     FAST(layernorm, "layernorm(x, gamma, beta, eps, out[, threads]) -> bool: layer norm over the last axis "
                     "(a prompt's rows split among the threads)."),
     FAST(attention, "attention(q, k, v, offset, out, threads[, bf16]) -> bool: causal attention over KV caches "
-                    "(grouped-query when k, v have fewer heads than q); with bf16 true, a long prompt's on "
-                    "AMX-BF16 tiles where the CPU has them."),
+                    "(grouped-query when k, v have fewer heads than q); with bf16 true, a long prompt's in "
+                    "bfloat16 where the CPU can (see bf16_attention)."),
     FAST(self_attention, "self_attention(x, w_attn, b_attn, w_proj, b_proj, k, v, offset, n_head, fmt, "
                          "threads, out) -> bool: a decode step's attention block."),
     FAST(ragged_self_attention, "ragged_self_attention(x, w_attn, b_attn, w_proj, b_proj, slot_kv, rows, "
@@ -2639,6 +2766,9 @@ static PyMethodDef functions[] = {
      "amx_support() -> '' where AMX int8 tiles can run, else why not (the CPU, the OS or the kernel)."},
     {"amx_bf16_support", py_amx_bf16_support, METH_NOARGS,
      "amx_bf16_support() -> '' where attention(..., bf16=True) runs on AMX-BF16 tiles, else why not."},
+    {"bf16_attention", py_bf16_attention, METH_NOARGS,
+     "bf16_attention() -> (path, why): 'AMX-BF16' or 'AVX512-BF16', the path attention(..., bf16=True) takes "
+     "for a long prompt, or '' (then it runs in float32); why: why not AMX-BF16, or why neither."},
     {"int8_path", py_int8_path, METH_O,
      "int8_path(rows) -> the path an int8 product of `rows` rows takes now: 'AMX-INT8', 'AVX-512 VNNI', "
      "'AVX2' or 'portable C'."},

@@ -85,8 +85,9 @@ INPUTS = ("blocks", "rows")
 #: The flag on int8's format code for inputs=rows (`_kernels.c`'s FMT_ROWS).
 FMT_ROWS = 16
 #: How a long prompt attends (the `attention` option): "float32" (the default: every value and sum), or
-#: "bfloat16": on AMX-BF16 tiles where the CPU has them (queries, keys, values and softmax weights rounded
-#: to bfloat16, sums float32, as PyTorch's bfloat16 attention), elsewhere as float32.
+#: "bfloat16": on AMX-BF16 tiles, or VDPBF16PS where the CPU has AVX512-BF16 but no AMX (queries, keys,
+#: values and softmax weights rounded to bfloat16, sums float32, as PyTorch's bfloat16 attention), elsewhere
+#: as float32.
 ATTENTION = ("float32", "bfloat16")
 #: The flag on self_attention's format code for attention=bfloat16 (`_kernels.c`'s FMT_ATT16).
 FMT_ATT16 = 32
@@ -312,8 +313,9 @@ class HalfBackend(NumpyBackend):
         simd = {2: "AVX-512", 1: "AVX2 + FMA + F16C"}.get(_KERNELS.simd(), "portable C")
         if _KERNELS.int8_path(96) == "AMX-INT8":  # (a chunk of MC rows: whether AMX runs at all)
             simd += ", AMX-INT8 for int8 and q4 batches"
-        if _KERNELS.amx_bf16_support() == "":
-            simd += ", AMX-BF16 for attention=bfloat16"
+        bf16_path = _KERNELS.bf16_attention()[0]
+        if bf16_path:
+            simd += f", {bf16_path} for attention=bfloat16"
         threads = _KERNELS.max_threads()
         capped = f", capped by INFERNO_HALF_ISA={ISA_CAP}" if ISA_CAP != "native" else ""
         return f"compiled C ({simd}, {'OpenMP' if threads > 1 else 'one thread'}{capped})"
