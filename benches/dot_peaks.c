@@ -10,7 +10,7 @@
 
      gcc -O2 benches/dot_peaks.c -o /tmp/dot_peaks && /tmp/dot_peaks
 
-   Prints each instruction's multiply-adds per cycle-independent second as GOP/s (2 per multiply-add), or
+   Prints each instruction's rate (G instructions/s) and its GOP/s (2 per multiply-add), or
    why it cannot run here (the CPU lacks the feature). */
 #include <immintrin.h>
 #include <stdio.h>
