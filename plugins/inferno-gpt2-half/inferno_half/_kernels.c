@@ -1861,8 +1861,8 @@ X512B static int attend_bf16(int64_t b, int64_t h, int64_t hkv, int64_t t, int64
             const float *kh = k + bh * l * d, *vh = v + bh * l * d;
             uint32_t *kd = (uint32_t *)(kt + bh * d * lk), *vd = (uint32_t *)(vt + bh * d * lk);
             /* a key's d values are d / 2 pairs, pair i to row i of kd (lk pairs a row): 16 keys at a time
-               through the scratch, so that each row gets 64 bytes at once (rows lk * 4 bytes apart, 4 KB
-               for 1024 keys, share cache sets: a key at a time, or AMD's scatter, was 7% of the time) */
+               through the scratch, so that each row gets 64 bytes at once (rows lk * 4 bytes apart share
+               cache sets: a key at a time, or AMD's slow scatter, measured slower; docs/benchmarks-half.md) */
             uint32_t *rows = (uint32_t *)(scratch + 16 * lk + 1024);  /* [16][d / 2], in pt's place */
             for (int64_t j0 = 0; scratch && j0 < keys; j0 += 16) {
                 int64_t m = min64(16, keys - j0);
