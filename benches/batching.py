@@ -3,8 +3,10 @@ engine; side by side in ONE run (124M-shape random weights).
 
     python benches/batching.py [--repeat 3] [--backends numpy,cpu-threaded] [--sizes 1,2,4,8,16,32]
     python benches/batching.py --backends numpy,half,half:dtype=int8 --sizes 1,16   # options: name:k=v,k=v
+    python benches/batching.py --backends half:dtype=int8,half:dtype=int8,kv=float16 --sizes 16 \
+        --prompt-tokens 512 --chunks ""                                # long contexts: the KV cache's bytes
 
-* Aggregate decode: N sequences (8-token prompts) decode `--new-tokens` tokens together through
+* Aggregate decode: N sequences (`--prompt-tokens` prompts, 8) decode `--new-tokens` tokens together through
   `Engine.step`; tok/s is N over the median decode step (prefill excluded), and the ratio is to N = 1 of
   the same backend, as the median of the per-repeat ratios (and their range). Repeats interleave sizes. A
   second table gives each backend's tok/s over the first backend's at the same N (per-repeat ratios).
@@ -31,12 +33,13 @@ PROMPT, PAUSE = 8, 0.3
 CLOCK = time.perf_counter
 
 
-def decode_tok_s(model: Gpt2, n: int, new_tokens: int) -> float:
-    """Aggregate tok/s of n sequences decoding together: n over the median time of one decode step
-    (their prefill is not timed; the median keeps a step disturbed by another process out)."""
-    engine = Engine(model, slots=n, prefill_chunk=PROMPT * n, autostart=False)
+def decode_tok_s(model: Gpt2, n: int, new_tokens: int, prompt: int = PROMPT) -> float:
+    """Aggregate tok/s of n sequences of `prompt`-token prompts decoding together: n over the median time
+    of one decode step (their prefill is not timed; the median keeps a step disturbed by another process
+    out)."""
+    engine = Engine(model, slots=n, prefill_chunk=prompt * n, autostart=False)
     vocab = model.config.vocab_size
-    handles = [engine.submit(prompt_ids(PROMPT, vocab, seed=i), new_tokens) for i in range(n)]
+    handles = [engine.submit(prompt_ids(prompt, vocab, seed=i), new_tokens) for i in range(n)]
     engine.step()  # every prompt prefilled, the first token of each chosen
     assert all(len(h.state.ids) == 1 for h in handles)
     steps = []
@@ -50,9 +53,9 @@ def decode_tok_s(model: Gpt2, n: int, new_tokens: int) -> float:
     return n / statistics.median(steps)
 
 
-def batch1_ms(model: Gpt2, new_tokens: int) -> float:
-    """Median ms per decode token of the batch-1 loop."""
-    stream = iter(generate_tokens(model, prompt_ids(PROMPT, model.config.vocab_size, seed=0), new_tokens))
+def batch1_ms(model: Gpt2, new_tokens: int, prompt: int = PROMPT) -> float:
+    """Median ms per decode token of the batch-1 loop after a `prompt`-token prompt."""
+    stream = iter(generate_tokens(model, prompt_ids(prompt, model.config.vocab_size, seed=0), new_tokens))
     next(stream)  # the prefill and the first token
     times, start = [], CLOCK()
     for _ in stream:
@@ -112,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backends", default="numpy,cpu-threaded")
     parser.add_argument("--sizes", default="1,2,4,8,16,32")
     parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--prompt-tokens", type=int, default=PROMPT, help="tokens of each decoding "
+                        f"sequence's prompt ({PROMPT}): the context the decode steps attend over")
     parser.add_argument("--chunks", default="16,32,64")
     parser.add_argument("--cpu-time", action="store_true", help="time in process CPU seconds, BLAS on one "
                         "thread: give each backend one thread (e.g. half:threads=1), and the figures are "
@@ -139,16 +144,17 @@ def main(argv: list[str] | None = None) -> int:
         for b, model in models.items():
             for n in sizes:
                 time.sleep(PAUSE)
-                tok_s[b, n].append(decode_tok_s(model, n, args.new_tokens))
+                tok_s[b, n].append(decode_tok_s(model, n, args.new_tokens, args.prompt_tokens))
             time.sleep(PAUSE)
-            b1[b]["loop"].append(batch1_ms(model, args.new_tokens))
+            b1[b]["loop"].append(batch1_ms(model, args.new_tokens, args.prompt_tokens))
             time.sleep(PAUSE)
-            b1[b]["engine"].append(1e3 / decode_tok_s(model, 1, args.new_tokens))
+            b1[b]["engine"].append(1e3 / decode_tok_s(model, 1, args.new_tokens, args.prompt_tokens))
 
     from inferno.cpu import blas_line
 
     print(f"`python benches/batching.py {' '.join(argv if argv is not None else sys.argv[1:])}` "
-          f"(124M shape, {PROMPT}-token prompts, {args.new_tokens} new tokens, medians of {args.repeat}; "
+          f"(124M shape, {args.prompt_tokens}-token prompts, {args.new_tokens} new tokens, "
+          f"medians of {args.repeat}; "
           f"{blas_line()})\n")
     print("| sequences | " + " | ".join(f"{b} tok/s | {b} vs 1" for b in models) + " |")
     print("| --: | " + " | ".join("--: | --:" for _ in models) + " |")

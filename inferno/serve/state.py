@@ -198,7 +198,9 @@ def check_slots_fit(pipe: Pipeline, slots: int) -> None:
     from inferno.kv import slot_bytes
     from inferno.models.weights import memory_limit
 
-    itemsize = getattr(getattr(pipe.backend, "dtype", None), "itemsize", 4)
+    # The bytes of a cache element as the backend allocates it (its compute dtype need not be the cache's:
+    # half computes in float32 over float16 weights, with a float32 or float16 cache).
+    itemsize = getattr(pipe.backend.new_kv_cache(1, 1, 1, 1)[0], "itemsize", 4)
     itemsize = itemsize if isinstance(itemsize, int) and itemsize > 0 else 4
     each = slot_bytes(pipe.config, itemsize)
     need = each * slots

@@ -11,6 +11,7 @@ import logging
 import re
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 from starlette.testclient import TestClient
 
@@ -256,9 +257,16 @@ def test_slots_that_cannot_fit_are_refused_naming_the_memory(small_pipe, monkeyp
     assert "but this machine has" in message and "lower --slots" in message
     with pytest.raises(state.SlotsError), TestClient(_app(small_pipe, slots=5000)):
         pass
-    half = SimpleNamespace(dtype=SimpleNamespace(itemsize=2))
-    fake = SimpleNamespace(config=small_pipe.config, backend=half)
-    state.check_slots_fit(fake, 2000)  # half-precision slots take half as much
+    # Counted in the bytes of the cache the backend allocates (not its compute dtype): a float16 cache
+    # takes half as much; a backend computing in float16 over a float32 cache, as much.
+    def pipe(cache, compute):
+        backend = SimpleNamespace(new_kv_cache=lambda *shape: (np.zeros(shape, cache),) * 2,
+                                  dtype=np.dtype(compute))
+        return SimpleNamespace(config=small_pipe.config, backend=backend)
+
+    state.check_slots_fit(pipe(np.float16, np.float32), 2000)
+    with pytest.raises(state.SlotsError):
+        state.check_slots_fit(pipe(np.float32, np.float16), 2000)
 
 
 # --------------------------------------------------------------------------- playground, package

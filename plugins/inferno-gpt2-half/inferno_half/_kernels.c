@@ -87,6 +87,37 @@ static float bf16_to_f32(uint16_t h) {
 
 static inline float widen(uint16_t h, int fmt) { return fmt == FMT_F16 ? f16_to_f32(h) : bf16_to_f32(h); }
 
+/* float32 to float16, rounded to nearest even as VCVTPS2PH and NumPy's astype round (F. Giesen's
+   float_to_half_fast3_rtne): |f| >= 65520 becomes inf, NaN a quiet NaN. */
+static uint16_t f32_to_f16(float f) {
+    uint32_t x, sign;
+    memcpy(&x, &f, 4);
+    sign = x & 0x80000000u;
+    x ^= sign;
+    uint16_t o;
+    if (x >= 0x47800000u) {              /* 65536 or more, inf, NaN */
+        o = x > 0x7f800000u ? 0x7e00 : 0x7c00;
+    } else if (x < 0x38800000u) {        /* below 2^-14: a subnormal half (or zero), rounded by an add */
+        float a, magic = 0.5f;
+        uint32_t mb;
+        memcpy(&a, &x, 4);
+        a += magic;
+        memcpy(&x, &a, 4);
+        memcpy(&mb, &magic, 4);
+        o = (uint16_t)(x - mb);
+    } else {                             /* normal: rebias, round the 13 dropped bits to nearest even */
+        x += ((uint32_t)(15 - 127) << 23) + 0xfff + ((x >> 13) & 1);
+        o = (uint16_t)(x >> 13);
+    }
+    return (uint16_t)(o | (sign >> 16));
+}
+
+/* A KV cache holds float32, or float16 (the option kv=float16: half the bytes a decode step reads);
+   h16 says which. Element i of a cache row, widened. */
+static inline float kv_at(const void *p, int64_t i, int h16) {
+    return h16 ? f16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
 /* int8 products quantize the inputs in blocks of QB along k (see "int8 products"). */
 #define QB 32
 
@@ -1313,25 +1344,42 @@ static int layernorm_rows(const float *x, int64_t rows, int64_t c, const float *
 }
 
 #if HAVE_X86
-X86 static inline float dot_x86(const float *a, const float *b, int64_t d) {
+/* 8 (16) values of a KV cache row from element i, widened to float32 (see kv_at). */
+X86 static inline __m256 kv_load8(const void *p, int64_t i, int h16) {
+    return h16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)))
+               : _mm256_loadu_ps((const float *)p + i);
+}
+
+X512 static inline __m512 kv_load16(const void *p, int64_t i, int h16) {
+    return h16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i)))
+               : _mm512_loadu_ps((const float *)p + i);
+}
+
+/* The attention kernels below that read a cache are written once, as an always-inlined body with h16
+   a parameter, and called with h16 a constant: the compiler makes a float32 and a float16 copy. */
+#define KV_BODY __attribute__((always_inline)) static inline
+
+X86 KV_BODY float dot_x86(const float *a, const void *b, int64_t d, int h16) {
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
     int64_t c = 0;
     for (; c + 16 <= d; c += 16) {
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + c), _mm256_loadu_ps(b + c), a0);
-        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + c + 8), _mm256_loadu_ps(b + c + 8), a1);
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + c), kv_load8(b, c, h16), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + c + 8), kv_load8(b, c + 8, h16), a1);
     }
-    if (c < d) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + c), _mm256_loadu_ps(b + c), a0);
+    if (c < d) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + c), kv_load8(b, c, h16), a0);
     return hsum(_mm256_add_ps(a0, a1));
 }
 
 /* One query over `keys` keys, d a multiple of 8, in three passes: the scores (8-wide dot products)
    into `s`, their exponentials (8 at a time), then the weighted sum of the values: several times
-   faster than the portable loop below (one scalar chain per dot product, a libm expf per key). */
-X86 static void attend_x86(const float *qi, const float *kh, const float *vh, int64_t keys, int64_t d,
-                           float scale, float *s, float *o) {
+   faster than the portable loop below (one scalar chain per dot product, a libm expf per key). kh, vh:
+   the head's cache rows, float32 or (h16) float16. */
+X86 KV_BODY void attend_x86_kv(const float *qi, const void *kh, const void *vh, int64_t keys, int64_t d,
+                               float scale, float *s, float *o, int h16) {
+    const int64_t es = h16 ? 2 : 4;
     float m = -INFINITY, sum = 0.0f;
     for (int64_t j = 0; j < keys; j++) {
-        s[j] = dot_x86(qi, kh + j * d, d) * scale;
+        s[j] = dot_x86(qi, (const char *)kh + j * d * es, d, h16) * scale;
         if (s[j] > m) m = s[j];
     }
     int64_t j = 0;
@@ -1345,13 +1393,19 @@ X86 static void attend_x86(const float *qi, const float *kh, const float *vh, in
     for (; j < keys; j++) { s[j] = expf(s[j] - m); sum += s[j]; }
     for (int64_t c = 0; c < d; c += 8) _mm256_storeu_ps(o + c, _mm256_setzero_ps());
     for (j = 0; j < keys; j++) {
-        const float *vj = vh + j * d;
+        const void *vj = (const char *)vh + j * d * es;
         __m256 p = _mm256_set1_ps(s[j]);
         for (int64_t c = 0; c < d; c += 8)
-            _mm256_storeu_ps(o + c, _mm256_fmadd_ps(p, _mm256_loadu_ps(vj + c), _mm256_loadu_ps(o + c)));
+            _mm256_storeu_ps(o + c, _mm256_fmadd_ps(p, kv_load8(vj, c, h16), _mm256_loadu_ps(o + c)));
     }
     __m256 inv = _mm256_set1_ps(1.0f / sum);
     for (int64_t c = 0; c < d; c += 8) _mm256_storeu_ps(o + c, _mm256_mul_ps(_mm256_loadu_ps(o + c), inv));
+}
+
+X86 static void attend_x86(const float *qi, const void *kh, const void *vh, int64_t keys, int64_t d,
+                           float scale, float *s, float *o, int h16) {
+    if (h16) attend_x86_kv(qi, kh, vh, keys, d, scale, s, o, 1);
+    else attend_x86_kv(qi, kh, vh, keys, d, scale, s, o, 0);
 }
 #endif
 
@@ -1360,16 +1414,17 @@ X86 static void attend_x86(const float *qi, const float *kh, const float *vh, in
    output's d values in registers through the weighted sum of the values (attend_x86 adds into memory a
    key at a time): a decode step's attention, a few keys a query, is about its loads. */
 #define ATTEND512_D 128
-X512 static void attend_512(const float *qi, const float *kh, const float *vh, int64_t keys, int64_t d,
-                            float scale, float *s, float *o) {
+X512 KV_BODY void attend_512_kv(const float *qi, const void *kh, const void *vh, int64_t keys, int64_t d,
+                               float scale, float *s, float *o, int h16) {
     const int nv = (int)(d / 16);
+    const int64_t es = h16 ? 2 : 4;
     __m512 qv[ATTEND512_D / 16], acc[ATTEND512_D / 16];
     for (int c = 0; c < nv; c++) qv[c] = _mm512_loadu_ps(qi + 16 * c);
     float m = -INFINITY;
     for (int64_t j = 0; j < keys; j++) {
-        const float *kj = kh + j * d;
-        __m512 a = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kj));
-        for (int c = 1; c < nv; c++) a = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kj + 16 * c), a);
+        const void *kj = (const char *)kh + j * d * es;
+        __m512 a = _mm512_mul_ps(qv[0], kv_load16(kj, 0, h16));
+        for (int c = 1; c < nv; c++) a = _mm512_fmadd_ps(qv[c], kv_load16(kj, 16 * c, h16), a);
         s[j] = _mm512_reduce_add_ps(a) * scale;
         m = s[j] > m ? s[j] : m;
     }
@@ -1384,19 +1439,25 @@ X512 static void attend_512(const float *qi, const float *kh, const float *vh, i
     for (; j < keys; j++) { s[j] = expf(s[j] - m); sum += s[j]; }
     for (int c = 0; c < nv; c++) acc[c] = _mm512_setzero_ps();
     for (j = 0; j < keys; j++) {
-        const float *vj = vh + j * d;
+        const void *vj = (const char *)vh + j * d * es;
         __m512 p = _mm512_set1_ps(s[j]);
-        for (int c = 0; c < nv; c++) acc[c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vj + 16 * c), acc[c]);
+        for (int c = 0; c < nv; c++) acc[c] = _mm512_fmadd_ps(p, kv_load16(vj, 16 * c, h16), acc[c]);
     }
     __m512 inv = _mm512_set1_ps(1.0f / sum);
     for (int c = 0; c < nv; c++) _mm512_storeu_ps(o + 16 * c, _mm512_mul_ps(acc[c], inv));
 }
 
+X512 static void attend_512(const float *qi, const void *kh, const void *vh, int64_t keys, int64_t d,
+                            float scale, float *s, float *o, int h16) {
+    if (h16) attend_512_kv(qi, kh, vh, keys, d, scale, s, o, 1);
+    else attend_512_kv(qi, kh, vh, keys, d, scale, s, o, 0);
+}
+
 /* One query's attention on the SIMD path `simd` (d a multiple of 8): attend_512 or attend_x86. */
-X86 static void attend_simd(int simd, const float *qi, const float *kh, const float *vh, int64_t keys, int64_t d,
-                            float scale, float *s, float *o) {
-    if (simd == PATH_AVX512 && d % 16 == 0 && d <= ATTEND512_D) attend_512(qi, kh, vh, keys, d, scale, s, o);
-    else attend_x86(qi, kh, vh, keys, d, scale, s, o);
+X86 static void attend_simd(int simd, const float *qi, const void *kh, const void *vh, int64_t keys, int64_t d,
+                            float scale, float *s, float *o, int h16) {
+    if (simd == PATH_AVX512 && d % 16 == 0 && d <= ATTEND512_D) attend_512(qi, kh, vh, keys, d, scale, s, o, h16);
+    else attend_x86(qi, kh, vh, keys, d, scale, s, o, h16);
 }
 #endif
 
@@ -1405,14 +1466,15 @@ X86 static void attend_simd(int simd, const float *qi, const float *kh, const fl
 
 /* One query over `keys` keys, portable C: one pass with a running maximum (online softmax), so no score
    buffer. */
-static void attend_portable(const float *qi, const float *kh, const float *vh, int64_t keys, int64_t d,
-                            float scale, float *o) {
+KV_BODY void attend_portable_kv(const float *qi, const void *kh, const void *vh, int64_t keys, int64_t d,
+                                float scale, float *o, int h16) {
+    const int64_t es = h16 ? 2 : 4;
     float m = -INFINITY, sum = 0.0f;
     for (int64_t c = 0; c < d; c++) o[c] = 0.0f;
     for (int64_t j = 0; j < keys; j++) {
-        const float *kj = kh + j * d, *vj = vh + j * d;
+        const void *kj = (const char *)kh + j * d * es, *vj = (const char *)vh + j * d * es;
         float s = 0.0f;
-        for (int64_t c = 0; c < d; c++) s += qi[c] * kj[c];
+        for (int64_t c = 0; c < d; c++) s += qi[c] * kv_at(kj, c, h16);
         s *= scale;
         if (s > m) {  /* a new maximum: rescale what was summed so far */
             float f = expf(m - s);
@@ -1422,9 +1484,15 @@ static void attend_portable(const float *qi, const float *kh, const float *vh, i
         }
         float e = expf(s - m);
         sum += e;
-        for (int64_t c = 0; c < d; c++) o[c] += e * vj[c];
+        for (int64_t c = 0; c < d; c++) o[c] += e * kv_at(vj, c, h16);
     }
     for (int64_t c = 0; c < d; c++) o[c] /= sum;
+}
+
+static void attend_portable(const float *qi, const void *kh, const void *vh, int64_t keys, int64_t d,
+                            float scale, float *o, int h16) {
+    if (h16) attend_portable_kv(qi, kh, vh, keys, d, scale, o, 1);
+    else attend_portable_kv(qi, kh, vh, keys, d, scale, o, 0);
 }
 
 /* Causal attention of b sequences with h query heads of size d over hkv key/value heads (h a multiple of
@@ -1433,11 +1501,11 @@ static void attend_portable(const float *qi, const float *kh, const float *vh, i
    queries of each sequence sit at positions offset .. offset + t - 1 and query i attends keys
    0 .. offset + i. Query (s, head, i) is read at q + s * q_s + head * q_h + i * q_t and its result
    written at out + s * o_s + head * o_h + i * o_t (strides in floats), so that the caller's layout,
-   [b, h, t, d] or a fused [b, t, 3, h, d], needs no copy. */
+   [b, h, t, d] or a fused [b, t, 3, h, d], needs no copy. The caches hold float32, or float16 (h16). */
 static void attend_all(int64_t b, int64_t h, int64_t hkv, int64_t t, int64_t d, const float *q, int64_t q_s,
-                       int64_t q_h, int64_t q_t, const float *k, const float *v, int64_t l, int64_t offset,
-                       float *out, int64_t o_s, int64_t o_h, int64_t o_t, int threads) {
-    int64_t group = h / hkv;
+                       int64_t q_h, int64_t q_t, const void *k, const void *v, int64_t l, int64_t offset,
+                       float *out, int64_t o_s, int64_t o_h, int64_t o_t, int threads, int h16) {
+    int64_t group = h / hkv, es = h16 ? 2 : 4;
     float scale = 1.0f / sqrtf((float)d);
     int simd = HAVE_X86 && d % 8 == 0 && simd_path();
     float *heap = NULL;
@@ -1456,16 +1524,16 @@ static void attend_all(int64_t b, int64_t h, int64_t hkv, int64_t t, int64_t d, 
         int64_t seq = n / (h * t), head = n / t % h, i = n % t, keys = offset + i + 1;
         const float *qi = q + seq * q_s + head * q_h + i * q_t;
         int64_t kvh = seq * hkv + head / group;
-        const float *kh = k + kvh * l * d, *vh = v + kvh * l * d;
+        const void *kh = (const char *)k + kvh * l * d * es, *vh = (const char *)v + kvh * l * d * es;
         float *o = out + seq * o_s + head * o_h + i * o_t;
 #if HAVE_X86
         if (simd) {
             float buf[STACK_KEYS];
-            attend_simd(simd_path(), qi, kh, vh, keys, d, scale, heap ? heap + n * (offset + t) : buf, o);
+            attend_simd(simd_path(), qi, kh, vh, keys, d, scale, heap ? heap + n * (offset + t) : buf, o, h16);
             continue;
         }
 #endif
-        attend_portable(qi, kh, vh, keys, d, scale, o);
+        attend_portable(qi, kh, vh, keys, d, scale, o, h16);
     }
     free(heap);
 }
@@ -1921,44 +1989,130 @@ X512B static int attend_bf16(int64_t b, int64_t h, int64_t hkv, int64_t t, int64
 /* Prompts of more queries than this attend in tiles (attend_blocked) on the AVX-512 path. */
 #define BLOCKED_QUERIES 64
 
+/* What a cache write returns when a finite key or value is beyond float16's range (kv=float16). */
+#define KV_OUT_OF_RANGE -2
+
+#if HAVE_X86
+X86 static int store_f16_x86(uint16_t *o, const float *x, int64_t n) {
+    __m256 lim = _mm256_set1_ps(65520.0f), inf = _mm256_set1_ps(INFINITY);
+    __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    int bad = 0;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i), a = _mm256_and_ps(v, magnitude);
+        _mm_storeu_si128((__m128i *)(o + i), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+        bad |= _mm256_movemask_ps(_mm256_and_ps(_mm256_cmp_ps(a, lim, _CMP_GE_OQ), _mm256_cmp_ps(a, inf, _CMP_LT_OQ)));
+    }
+    for (; i < n; i++) {
+        o[i] = f32_to_f16(x[i]);
+        bad |= fabsf(x[i]) >= 65520.0f && fabsf(x[i]) < INFINITY;
+    }
+    return bad != 0;
+}
+
+X86 static void widen_f16_x86(const uint16_t *h, int64_t n, float *o) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(o + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
+    for (; i < n; i++) o[i] = f16_to_f32(h[i]);
+}
+#endif
+
+/* n values into a cache row at dst: copied (float32), or rounded to float16 (h16; nearest even, as
+   NumPy's astype). Returns 0, or 1 if a finite value was beyond float16's range (it became inf). */
+static int store_kv(void *dst, const float *x, int64_t n, int h16) {
+    if (!h16) {
+        memcpy(dst, x, sizeof(float) * (size_t)n);
+        return 0;
+    }
+#if HAVE_X86
+    if (simd_path()) return store_f16_x86(dst, x, n);
+#endif
+    uint16_t *o = dst;
+    int bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        o[i] = f32_to_f16(x[i]);
+        bad |= fabsf(x[i]) >= 65520.0f && fabsf(x[i]) < INFINITY;
+    }
+    return bad;
+}
+
+/* The first `keys` rows of `heads` key and value heads of float16 caches [heads, l, d], widened into one
+   float32 buffer: the keys [heads, keys, d], then the values. The tiled prompt paths read float32 (a
+   prompt's attention does t times more work than this pass). NULL out of memory. */
+static float *widen_kv(const void *k, const void *v, int64_t heads, int64_t l, int64_t keys, int64_t d) {
+    float *w = malloc(sizeof(float) * (size_t)(2 * heads * keys * d));
+    for (int64_t i = 0; w && i < 2 * heads; i++) {
+        const uint16_t *src = (const uint16_t *)(i < heads ? k : v) + (i % heads) * l * d;
+        float *dst = w + i * keys * d;
+#if HAVE_X86
+        if (simd_path()) { widen_f16_x86(src, keys * d, dst); continue; }
+#endif
+        for (int64_t j = 0; j < keys * d; j++) dst[j] = f16_to_f32(src[j]);
+    }
+    return w;
+}
+
+/* Causal attention, as attend_all's arguments, on the fastest path: a prompt of more than
+   BLOCKED_QUERIES queries in tiles on AVX-512 (with att16 in bfloat16, where the CPU can: attend_bf16),
+   else a query at a time (attend_all). The tiled paths read float16 caches widened. */
+static void attend_any(int64_t b, int64_t h, int64_t hkv, int64_t t, int64_t d, const float *q, int64_t q_s,
+                       int64_t q_h, int64_t q_t, const void *k, const void *v, int64_t l, int64_t offset,
+                       float *out, int64_t o_s, int64_t o_h, int64_t o_t, int threads, int att16, int h16) {
+    int tiled = t > BLOCKED_QUERIES && simd_path() == PATH_AVX512 && (d % 16 == 0 || att16), done = 0;
+    const float *kf = k, *vf = v;
+    int64_t lf = l;
+    float *wide = NULL;
+    if (tiled && h16) {
+        wide = widen_kv(k, v, b * hkv, l, offset + t, d);
+        tiled = wide != NULL;
+        kf = wide;
+        vf = wide ? wide + b * hkv * (offset + t) * d : NULL;
+        lf = offset + t;
+    }
+#if HAVE_BF16
+    done = att16 && tiled
+           && !attend_bf16(b, h, hkv, t, d, q, q_s, q_h, q_t, kf, vf, lf, offset, out, o_s, o_h, o_t, threads);
+#else
+    (void)att16;
+#endif
+    if (!done && tiled && d % 16 == 0)
+        done = !attend_blocked(b, h, hkv, t, d, q, q_s, q_h, q_t, kf, vf, lf, offset, out, o_s, o_h, o_t, threads);
+    if (!done) attend_all(b, h, hkv, t, d, q, q_s, q_h, q_t, k, v, l, offset, out, o_s, o_h, o_t, threads, h16);
+    free(wide);
+}
+
 /* The attention of a decode step from the fused projection: qkv [b, t, 3, h, d] (the c_attn product of b
    sequences of t new tokens, bias added) → the keys and values written into the caches k, v [b, h, l, d]
-   at positions offset .. offset + t - 1, and the attention of the queries into out [b, t, h, d] (the
-   layout c_proj takes). One call instead of NumPy's head split, two cache writes, a query copy and the
-   head merge. Returns 0. */
-static int qkv_attention(const float *qkv, int64_t b, int64_t t, int64_t h, int64_t d, float *k, float *v,
-                               int64_t l, int64_t offset, float *out, int threads, int att16) {
-    int64_t c = h * d;
+   (float32, or float16: h16) at positions offset .. offset + t - 1, and the attention of the queries into
+   out [b, t, h, d] (the layout c_proj takes). One call instead of NumPy's head split, two cache writes, a
+   query copy and the head merge. Returns 0, or KV_OUT_OF_RANGE (nothing attended). */
+static int qkv_attention(const float *qkv, int64_t b, int64_t t, int64_t h, int64_t d, void *k, void *v,
+                         int64_t l, int64_t offset, float *out, int threads, int att16, int h16) {
+    int64_t c = h * d, es = h16 ? 2 : 4;
+    int bad = 0;
     for (int64_t seq = 0; seq < b; seq++)
         for (int64_t i = 0; i < t; i++)
             for (int64_t head = 0; head < h; head++) {
                 const float *row = qkv + (seq * t + i) * 3 * c + head * d;
-                int64_t at = ((seq * h + head) * l + offset + i) * d;
-                memcpy(k + at, row + c, sizeof(float) * (size_t)d);
-                memcpy(v + at, row + 2 * c, sizeof(float) * (size_t)d);
+                int64_t at = ((seq * h + head) * l + offset + i) * d * es;
+                bad |= store_kv((char *)k + at, row + c, d, h16);
+                bad |= store_kv((char *)v + at, row + 2 * c, d, h16);
             }
-#if HAVE_BF16
-    if (att16 && t > BLOCKED_QUERIES && simd_path() == PATH_AVX512
-        && !attend_bf16(b, h, h, t, d, qkv, t * 3 * c, d, 3 * c, k, v, l, offset, out, t * c, d, c, threads))
-        return 0;
-#else
-    (void)att16;
-#endif
-    if (t > BLOCKED_QUERIES && d % 16 == 0 && simd_path() == PATH_AVX512
-        && !attend_blocked(b, h, h, t, d, qkv, t * 3 * c, d, 3 * c, k, v, l, offset, out, t * c, d, c, threads))
-        return 0;
-    attend_all(b, h, h, t, d, qkv, t * 3 * c, d, 3 * c, k, v, l, offset, out, t * c, d, c, threads);
+    if (bad) return KV_OUT_OF_RANGE;
+    attend_any(b, h, h, t, d, qkv, t * 3 * c, d, 3 * c, k, v, l, offset, out, t * c, d, c, threads, att16, h16);
     return 0;
 }
 
 /* The attention of a ragged step from the fused projection: qkv [n, 3, h, d] holds the tokens of R rows
    one after another (row r: `len[r]` tokens from `start[r]`, at positions off[r] .. of its own caches
    k[r], v[r], each [h, l[r], d]). Writes every row's new keys and values into its caches, then attends
-   all (token, head) pairs in one parallel loop, into out [n, h, d]. Returns 0, or -1 out of memory. */
+   all (token, head) pairs in one parallel loop, into out [n, h, d]. The caches hold float32, or float16
+   (h16). Returns 0, -1 out of memory, or KV_OUT_OF_RANGE (nothing attended). */
 static int ragged_attention(const float *qkv, int64_t n, int64_t h, int64_t d, int64_t rows, const int64_t *start,
-                            const int64_t *len, const int64_t *off, float *const *k, float *const *v,
-                            const int64_t *l, float *out, int threads) {
-    int64_t c = h * d;
+                            const int64_t *len, const int64_t *off, void *const *k, void *const *v,
+                            const int64_t *l, float *out, int threads, int h16) {
+    int64_t c = h * d, es = h16 ? 2 : 4;
+    int bad = 0;
     int64_t *row_of = malloc(sizeof(int64_t) * (size_t)(n > 0 ? n : 1));
     if (!row_of) return -1;
     int64_t most = 0;
@@ -1968,13 +2122,14 @@ static int ragged_attention(const float *qkv, int64_t n, int64_t h, int64_t d, i
             row_of[tok] = r;
             for (int64_t head = 0; head < h; head++) {
                 const float *src = qkv + tok * 3 * c + head * d;
-                int64_t at = (head * l[r] + off[r] + i) * d;
-                memcpy(k[r] + at, src + c, sizeof(float) * (size_t)d);
-                memcpy(v[r] + at, src + 2 * c, sizeof(float) * (size_t)d);
+                int64_t at = (head * l[r] + off[r] + i) * d * es;
+                bad |= store_kv((char *)k[r] + at, src + c, d, h16);
+                bad |= store_kv((char *)v[r] + at, src + 2 * c, d, h16);
             }
         }
         if (off[r] + len[r] > most) most = off[r] + len[r];
     }
+    if (bad) { free(row_of); return KV_OUT_OF_RANGE; }
     float scale = 1.0f / sqrtf((float)d);
     int simd = HAVE_X86 && d % 8 == 0 && simd_path();
     (void)threads; (void)simd;
@@ -1985,19 +2140,19 @@ static int ragged_attention(const float *qkv, int64_t n, int64_t h, int64_t d, i
         int64_t tok = item / h, head = item % h, r = row_of[tok];
         int64_t keys = off[r] + (tok - start[r]) + 1;
         const float *qi = qkv + tok * 3 * c + head * d;
-        const float *kh = k[r] + head * l[r] * d, *vh = v[r] + head * l[r] * d;
+        const void *kh = (const char *)k[r] + head * l[r] * d * es, *vh = (const char *)v[r] + head * l[r] * d * es;
         float *o = out + tok * c + head * d;
 #if HAVE_X86
         if (simd) {
             float buf[STACK_KEYS], *s = keys <= STACK_KEYS ? buf : malloc(sizeof(float) * (size_t)keys);
             if (s) {
-                attend_simd(simd_path(), qi, kh, vh, keys, d, scale, s, o);
+                attend_simd(simd_path(), qi, kh, vh, keys, d, scale, s, o, h16);
                 if (s != buf) free(s);
                 continue;
             }
         }
 #endif
-        attend_portable(qi, kh, vh, keys, d, scale, o);
+        attend_portable(qi, kh, vh, keys, d, scale, o, h16);
     }
     free(row_of);
     return 0;
@@ -2371,9 +2526,29 @@ static PyObject *py_layernorm(PyObject *self, PyObject *const *a, Py_ssize_t na)
     Py_RETURN_TRUE;
 }
 
-/* Whether k and v are KV caches [b, h, l, d] with room for positions offset .. offset + t - 1. */
+/* A KV cache [b, h, l, d]: float32, or float16 (*h16 set; the option kv=float16). NULL if neither. */
+static Py_buffer *take_cache(Held *h, PyObject *o, int writable, int *h16) {
+    Py_buffer *v = take(h, o, 'f', 4, writable);
+    *h16 = 0;
+    if (v) return v;
+    if (h->n > 0 && h->v[h->n - 1].obj == o) {  /* taken, but not float32: let it go, and try float16 */
+        PyBuffer_Release(&h->v[--h->n]);
+    }
+    v = take(h, o, 'e', 4, writable);
+    *h16 = v != NULL;
+    return v;
+}
+
+/* The error a cache write raises when a key or value is beyond float16's range. */
+static PyObject *kv_out_of_range(void) {
+    PyErr_SetString(PyExc_ValueError, "kv=float16: a key or value is beyond float16's range (65504); "
+                    "this model needs the float32 KV cache (kv=float32)");
+    return NULL;
+}
+
+/* Whether k and v are KV caches [b, h, l, d] of one type with room for positions offset .. offset + t - 1. */
 static int caches_fit(Py_buffer *k, Py_buffer *v, int64_t b, int64_t hd, int64_t d, int64_t offset, int64_t t) {
-    if (!k || !v || offset < 0 || k->buf == v->buf) return 0;
+    if (!k || !v || offset < 0 || k->buf == v->buf || k->itemsize != v->itemsize) return 0;
     for (int i = 0; i < 4; i++)
         if (k->shape[i] != v->shape[i]) return 0;
     return k->shape[0] == b && k->shape[1] == hd && k->shape[3] == d && k->shape[2] >= offset + t;
@@ -2391,27 +2566,18 @@ static PyObject *py_attention(PyObject *self, PyObject *const *a, Py_ssize_t na)
     Py_buffer *q = take(&h, a[0], 'f', 4, 0);
     if (!q) NOT_TAKEN;
     int64_t b = q->shape[0], hd = q->shape[1], t = q->shape[2], d = q->shape[3];
-    Py_buffer *k = take(&h, a[1], 'f', 4, 0), *v = take(&h, a[2], 'f', 4, 0), *out = take(&h, a[4], 'f', 4, 1);
+    int h16k, h16v;
+    Py_buffer *k = take_cache(&h, a[1], 0, &h16k), *v = take_cache(&h, a[2], 0, &h16v);
+    (void)h16v;  /* (caches_fit: both of one type) */
+    Py_buffer *out = take(&h, a[4], 'f', 4, 1);
     int64_t hkv = k ? k->shape[1] : 0;
     if (hkv < 1 || hd % hkv || !caches_fit(k, v, b, hkv, d, offset, t) || !out || !same_shape(out, q) || d < 1
         || t < 1)
         NOT_TAKEN;
     int64_t l = k->shape[2];
     Py_BEGIN_ALLOW_THREADS
-    /* A long prompt attends in tiles of queries on the AVX-512 path (as the fused block does): with att16,
-       in bfloat16 where the CPU can (AMX-BF16 or AVX512-BF16). */
-    int tiled = t > BLOCKED_QUERIES && simd_path() == PATH_AVX512, done = 0;
-#if HAVE_BF16
-    done = att16 && tiled
-           && !attend_bf16(b, hd, hkv, t, d, q->buf, hd * t * d, t * d, d, k->buf, v->buf, l, offset, out->buf,
-                               hd * t * d, t * d, d, (int)threads);
-#endif
-    if (!done && tiled && d % 16 == 0)
-        done = !attend_blocked(b, hd, hkv, t, d, q->buf, hd * t * d, t * d, d, k->buf, v->buf, l, offset, out->buf,
-                               hd * t * d, t * d, d, (int)threads);
-    if (!done)
-        attend_all(b, hd, hkv, t, d, q->buf, hd * t * d, t * d, d, k->buf, v->buf, l, offset, out->buf,
-                   hd * t * d, t * d, d, (int)threads);
+    attend_any(b, hd, hkv, t, d, q->buf, hd * t * d, t * d, d, k->buf, v->buf, l, offset, out->buf, hd * t * d,
+               t * d, d, (int)threads, (int)att16, h16k);
     Py_END_ALLOW_THREADS
     release(&h);
     Py_RETURN_TRUE;
@@ -2435,7 +2601,10 @@ static PyObject *py_self_attention(PyObject *self, PyObject *const *a, Py_ssize_
     if (!x || n_head < 1) NOT_TAKEN;
     int64_t b = x->shape[0], t = x->shape[1], c = x->shape[2], m = b * t, d = c / n_head;
     Py_buffer *wa = take_weight(&h, a[1], 3 * c, c, fmt), *wp = take_weight(&h, a[3], c, c, fmt);
-    Py_buffer *k = take(&h, a[5], 'f', 4, 1), *v = take(&h, a[6], 'f', 4, 1), *out = take(&h, a[11], 'f', 3, 1);
+    int h16, h16v;
+    Py_buffer *k = take_cache(&h, a[5], 1, &h16), *v = take_cache(&h, a[6], 1, &h16v);
+    (void)h16v;  /* (caches_fit: both of one type) */
+    Py_buffer *out = take(&h, a[11], 'f', 3, 1);
     if (!wa || !wp || !out || !known_format(fmt) || c % n_head || !caches_fit(k, v, b, n_head, d, offset, t)
         || !same_shape(out, x)
         || !take_vector(&h, a[2], 3 * c, &b_attn) || !take_vector(&h, a[4], c, &b_proj))
@@ -2447,11 +2616,12 @@ static PyObject *py_self_attention(PyObject *self, PyObject *const *a, Py_ssize_
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = product(x->buf, m, c, wa->buf, 3 * c, b_attn, qkv, (int)fmt, (int)threads, 0);
-    if (!rc) qkv_attention(qkv, b, t, n_head, d, k->buf, v->buf, l, offset, y, (int)threads, att16);
+    if (!rc) rc = qkv_attention(qkv, b, t, n_head, d, k->buf, v->buf, l, offset, y, (int)threads, att16, h16);
     if (!rc) rc = product(y, m, c, wp->buf, c, b_proj, out->buf, (int)fmt, (int)threads, 0);
     Py_END_ALLOW_THREADS
     free(qkv);
     release(&h);
+    if (rc == KV_OUT_OF_RANGE) return kv_out_of_range();
     if (rc) return PyErr_NoMemory();
     Py_RETURN_TRUE;
 }
@@ -2514,10 +2684,10 @@ static PyObject *py_ragged_self_attention(PyObject *self, PyObject *const *a, Py
     const int64_t *rv = rb->buf;
     /* Per row: start, length, offset, cache length, and the two caches' buffers (held until the end). */
     int64_t *meta = malloc(sizeof(int64_t) * (size_t)(4 * rows));
-    float **kv = malloc(sizeof(float *) * (size_t)(2 * rows));
+    void **kv = malloc(sizeof(void *) * (size_t)(2 * rows));
     Py_buffer *bufs = malloc(sizeof(Py_buffer) * (size_t)(2 * rows));
     char *used = calloc((size_t)(slots > 0 ? slots : 1), 1);
-    int held = 0, taken = meta && kv && bufs && used;
+    int held = 0, taken = meta && kv && bufs && used, h16 = -1;  /* h16: float16 caches (all alike) */
     for (int64_t r = 0, next = 0; taken && r < rows; r++) {
         int64_t slot = rv[4 * r], offset = rv[4 * r + 1], start = rv[4 * r + 2], length = rv[4 * r + 3];
         if (slot < 0 || slot >= slots || used[slot] || start != next || length < 1 || offset < 0) { taken = 0; break; }
@@ -2536,20 +2706,23 @@ static PyObject *py_ragged_self_attention(PyObject *self, PyObject *const *a, Py
             held++;
             const char *f = v->format ? v->format : "B";
             if (f[0] == '@' || f[0] == '=') f++;
-            if (f[0] != 'f' || f[1] != '\0' || v->itemsize != 4 || v->ndim != 4 || v->shape[0] != 1
-                || v->shape[1] != n_head || v->shape[3] != d || v->shape[2] < offset + length)
+            int half = f[0] == 'e' && v->itemsize == 2;
+            if (!(half || (f[0] == 'f' && v->itemsize == 4)) || f[1] != '\0' || v->ndim != 4 || v->shape[0] != 1
+                || v->shape[1] != n_head || v->shape[3] != d || v->shape[2] < offset + length || (h16 >= 0 && half != h16))
                 taken = 0;
+            h16 = half;
             kv[2 * r + j] = v->buf;
         }
         if (taken && (kv[2 * r] == kv[2 * r + 1] || bufs[held - 1].shape[2] != bufs[held - 2].shape[2])) taken = 0;
         meta[r] = start; meta[rows + r] = length; meta[2 * rows + r] = offset;
         if (taken) meta[3 * rows + r] = bufs[held - 1].shape[2];
     }
-    float *qkv = NULL, **ks = NULL, **vs = NULL;
+    float *qkv = NULL;
+    void **ks = NULL, **vs = NULL;
     if (taken) {
         qkv = malloc(sizeof(float) * (size_t)(n * 4 * c));  /* qkv [n, 3c], then y [n, c] */
-        ks = malloc(sizeof(float *) * (size_t)rows);
-        vs = malloc(sizeof(float *) * (size_t)rows);
+        ks = malloc(sizeof(void *) * (size_t)rows);
+        vs = malloc(sizeof(void *) * (size_t)rows);
     }
     int rc = 0;
     if (taken && qkv && ks && vs) {
@@ -2558,7 +2731,7 @@ static PyObject *py_ragged_self_attention(PyObject *self, PyObject *const *a, Py
         Py_BEGIN_ALLOW_THREADS
         rc = product(x->buf, n, c, wa->buf, 3 * c, b_attn, qkv, (int)fmt, (int)threads, 0);
         if (!rc) rc = ragged_attention(qkv, n, n_head, d, rows, meta, meta + rows, meta + 2 * rows, ks, vs,
-                                       meta + 3 * rows, y, (int)threads);
+                                       meta + 3 * rows, y, (int)threads, h16);
         if (!rc) rc = product(y, n, c, wp->buf, c, b_proj, out->buf, (int)fmt, (int)threads, 0);
         Py_END_ALLOW_THREADS
     } else if (taken) {
@@ -2568,6 +2741,7 @@ static PyObject *py_ragged_self_attention(PyObject *self, PyObject *const *a, Py
     int oom = !(meta && kv && bufs && used) || rc;
     free(meta); free(kv); free(bufs); free(used); free(qkv); free(ks); free(vs);
     release(&h);
+    if (rc == KV_OUT_OF_RANGE) return kv_out_of_range();
     if (oom) return PyErr_NoMemory();
     if (!taken) Py_RETURN_FALSE;
     Py_RETURN_TRUE;

@@ -6,19 +6,21 @@
     inferno --backend half:dtype=q4 "Hello"              # 4-bit weights in blocks of 32 (as q4_0)
     inferno --backend half:threads=1 "Hello"
 
-In the 16-bit formats only the weights are rounded (to float16 or bfloat16); activations, the KV cache,
-every sum and the logits stay float32: this is `numpy`'s backend with different matrix products. int8
-quantizes the weights at load, one float32 scale per output (max |row| / 127, see `quantize`), and each
-product's inputs as it runs, in blocks of 32 (`quantize_blocks`, as llama.cpp's q8_0), so that the
-products are int8 dot products with int32 sums (VNNI where the CPU has it: four times float32's
-multiply-adds per instruction); everything between the products stays float32. A step of one sequence
-reads every weight once, so its speed is the memory bandwidth over the bytes of the weights, which 16
-bits halve and int8 halves again; a prompt, or a step of many sequences, is bound by the arithmetic.
+In the 16-bit formats only the weights are rounded (to float16 or bfloat16); activations, the KV cache
+(unless kv=float16), every sum and the logits stay float32: this is `numpy`'s backend with different
+matrix products. int8 quantizes the weights at load, one float32 scale per output (max |row| / 127, see
+`quantize`), and each product's inputs as it runs, in blocks of 32 (`quantize_blocks`, as llama.cpp's
+q8_0), so that the products are int8 dot products with int32 sums (VNNI where the CPU has it: four times
+float32's multiply-adds per instruction); everything between the products stays float32. A step of one
+sequence reads every weight once, so its speed is the memory bandwidth over the bytes of the weights,
+which 16 bits halve and int8 halves again; a prompt, or a step of many sequences, is bound by the
+arithmetic.
 q4 (`inferno_half.q4`) stores 4-bit weights with a float16 scale per block of 32 inputs (llama.cpp's
 q4_0): 0.56 of int8's bytes, for the one-user speed; its products multiply the same quantized inputs.
 Two options trade a little accuracy for the matrix engine (see the README): `inputs=rows` (int8: one
 input scale per row, so AMX's tiles sum all of k at full depth) and `attention=bfloat16` (a long prompt
-attends on AMX-BF16 tiles).
+attends on AMX-BF16 tiles). `kv=float16` keeps the KV cache in float16: half the bytes that a decode
+step of many sequences reads.
 
 What runs in C (`_kernels.c`), and why:
 
@@ -89,8 +91,15 @@ FMT_ROWS = 16
 #: values and softmax weights rounded to bfloat16, sums float32, as PyTorch's bfloat16 attention), elsewhere
 #: as float32.
 ATTENTION = ("float32", "bfloat16")
+#: The KV cache's element (the `kv` option): "float32" (the default), or "float16", as llama.cpp's
+#: default cache: half the bytes, which a decode step of many sequences over long contexts reads as many
+#: of as the weights' (float16 keeps 11 significant bits; bfloat16's 8 would lose more, for a range no
+#: key needs: a finite key or value beyond float16's range raises instead of becoming inf).
+KV = ("float32", "float16")
 #: The flag on self_attention's format code for attention=bfloat16 (`_kernels.c`'s FMT_ATT16).
 FMT_ATT16 = 32
+#: The magnitude from which float32 rounds to float16's inf (65504 + half its last step).
+F16_INF_FROM = 65520.0
 #: Outputs per panel of the packed weights (`_kernels.c`'s PANEL).
 PANEL = 32
 #: int8 products quantize their inputs in blocks of this many (`_kernels.c`'s QB).
@@ -304,7 +313,7 @@ class HalfBackend(NumpyBackend):
     name = "half"
     description = ("16-bit weights (dtype=float16|bfloat16), 8-bit (dtype=int8) or 4-bit ones (dtype=q4), "
                    "float32 activations and sums; compiled kernels (threads=N up to 1024); faster prompts: "
-                   "inputs=rows (int8), attention=bfloat16")
+                   "inputs=rows (int8), attention=bfloat16; kv=float16 (the KV cache in half the bytes)")
 
     @classmethod
     def runs_on(cls) -> str:
@@ -321,7 +330,7 @@ class HalfBackend(NumpyBackend):
         return f"compiled C ({simd}, {'OpenMP' if threads > 1 else 'one thread'}{capped})"
 
     def __init__(self, dtype: Any = "float16", threads: Any = None, head: Any = None,
-                 inputs: Any = None, attention: Any = "float32") -> None:
+                 inputs: Any = None, attention: Any = "float32", kv: Any = "float32") -> None:
         """`dtype`: how the weights are stored, "float16" (default: 11 significant bits), "bfloat16"
         (8 bits, float32's range; what a BF16 checkpoint holds exactly), "int8" (quantized at load:
         8-bit integers and one float32 scale per output; half the bytes again) or "q4" (4-bit integers
@@ -329,7 +338,8 @@ class HalfBackend(NumpyBackend):
         (q4 only): the format of the embeddings and the LM head, "q4" (the default, `HEAD_DEFAULT`) or
         "int8". `inputs` (int8 only): how the products quantize their inputs, "blocks" of 32 (the
         default) or "rows" (one scale per row: less exact, and several times faster on AMX; see
-        `INPUTS`). `attention`: "float32" or "bfloat16", how a long prompt attends (`ATTENTION`).
+        `INPUTS`). `attention`: "float32" or "bfloat16", how a long prompt attends (`ATTENTION`). `kv`:
+        the KV cache's element, "float32" or "float16" (`KV`).
         `threads`: threads of the compiled kernel, None or "auto" for $INFERNO_THREADS,
         else the usable cores (`inferno.cpu`). Bad values raise ValueError naming the option."""
         super().__init__("float32")
@@ -359,6 +369,10 @@ class HalfBackend(NumpyBackend):
                              "or bfloat16)")
         #: a long prompt's attention on AMX-BF16 tiles (where the CPU has them)
         self.attention_bf16 = attention == "bfloat16"
+        if kv not in KV:
+            raise ValueError(f"half backend: option kv={kv!r} is not supported (choose float32 or float16)")
+        #: the KV cache's element type (`KV`)
+        self.kv_dtype = np.dtype(kv)
         # The conformance suite's tolerances follow the rounding of the weights.
         # (int8 and q4 have no entry there: they get the loosest, bfloat16's.)
         self.dtype = np.dtype(np.float16) if name == "float16" else name
@@ -393,7 +407,16 @@ class HalfBackend(NumpyBackend):
 
     def new_kv_cache(self, batch, n_head, length, head_dim):
         shape = (batch, n_head, length, head_dim)
-        return np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+        return np.zeros(shape, self.kv_dtype), np.zeros(shape, self.kv_dtype)
+
+    def write_kv(self, k_cache, v_cache, k, v, offset):
+        if k_cache.dtype == np.float16:  # NumPy's cast would make inf of a value beyond the range, silently
+            for a in (k, v):
+                a = np.asarray(a)
+                if a.dtype != np.float16 and np.any(np.isfinite(a) & (np.abs(a) >= F16_INF_FROM)):
+                    raise ValueError("kv=float16: a key or value is beyond float16's range (65504); this "
+                                     "model needs the float32 KV cache (kv=float32)")
+        return super().write_kv(k_cache, v_cache, k, v, offset)
 
     # ------------------------------------------------------------------------------------------ kernels
 
@@ -459,7 +482,7 @@ class HalfBackend(NumpyBackend):
             # Decode: one C call runs the fused projection, writes the new keys and values into the cache,
             # attends (reading the heads where the projection left them: no split, copy or merge), and
             # runs c_proj. It declines (False) caches that are not this backend's own [B, H, L, D] float32
-            # arrays with room for the new tokens.
+            # or float16 arrays with room for the new tokens.
             x = _f32(x)
             out = np.empty_like(x)
             if _KERNELS.self_attention(x, w_attn.blocks, _bias(b_attn), w_proj.blocks, _bias(b_proj), kv[0],

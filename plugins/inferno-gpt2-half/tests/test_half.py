@@ -41,28 +41,6 @@ def code(fmt: str) -> int:
 PROMPTS = ["Hello", "The quick brown fox", "Once upon a time", "def main():", "Numbers: 1, 2, 3,", "新年快乐"]
 
 
-@pytest.fixture(params=["detected", "avx2", "portable"])
-def kernel_path(request):
-    """Each kernel test on every path this CPU can run: the detected one (AVX-512 where the CPU has it),
-    AVX2 + FMA + F16C (what x86 CPUs without AVX-512 run), and portable C (ARM, older CPUs)."""
-    kernels = hb._KERNELS  # (a test may monkeypatch hb._KERNELS away before this resets the path)
-    if kernels is None:
-        if request.param != "detected":
-            pytest.skip("the C kernels are not built")
-        yield request.param
-        return
-    if request.param == "portable":
-        assert kernels.force_portable(1) == 0
-    elif request.param == "avx2":
-        if kernels.force_avx2(1) != 1:
-            kernels.force_avx2(0)
-            pytest.skip("this CPU has no AVX2 + FMA + F16C")
-    try:
-        yield request.param
-    finally:
-        kernels.force_portable(0)
-
-
 def bf16_reference(a: np.ndarray) -> np.ndarray:
     """Round float32 to bfloat16 (nearest, ties to even) by exact float64 arithmetic, as float32: the
     two neighbouring bfloat16 values around each x, and the closer one (the even one on a tie)."""
