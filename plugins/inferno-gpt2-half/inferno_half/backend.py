@@ -98,8 +98,6 @@ ATTENTION = ("float32", "bfloat16")
 KV = ("float32", "float16")
 #: The flag on self_attention's format code for attention=bfloat16 (`_kernels.c`'s FMT_ATT16).
 FMT_ATT16 = 32
-#: The magnitude from which float32 rounds to float16's inf (65504 + half its last step).
-F16_INF_FROM = 65520.0
 #: Outputs per panel of the packed weights (`_kernels.c`'s PANEL).
 PANEL = 32
 #: int8 products quantize their inputs in blocks of this many (`_kernels.c`'s QB).
@@ -410,12 +408,8 @@ class HalfBackend(NumpyBackend):
         return np.zeros(shape, self.kv_dtype), np.zeros(shape, self.kv_dtype)
 
     def write_kv(self, k_cache, v_cache, k, v, offset):
-        if k_cache.dtype == np.float16:  # NumPy's cast would make inf of a value beyond the range, silently
-            for a in (k, v):
-                a = np.asarray(a)
-                if a.dtype != np.float16 and np.any(np.isfinite(a) & (np.abs(a) >= F16_INF_FROM)):
-                    raise ValueError("kv=float16: a key or value is beyond float16's range (65504); this "
-                                     "model needs the float32 KV cache (kv=float32)")
+        if k_cache.dtype == np.float16:
+            k, v = _to_kv16(k), _to_kv16(v)
         return super().write_kv(k_cache, v_cache, k, v, offset)
 
     # ------------------------------------------------------------------------------------------ kernels
@@ -607,6 +601,21 @@ class HalfBackend(NumpyBackend):
         part = w.blocks[p0 : -(-j1 // PANEL), :k].transpose(0, 2, 1).reshape(-1, k)
         got = np.ascontiguousarray(part[j0 - p0 * PANEL : j1 - p0 * PANEL])
         return from_bits(got, w.fmt)
+
+
+def _to_kv16(a: np.ndarray) -> np.ndarray:
+    """Keys or values for a float16 cache, rounded as the kernels round them; ValueError for a finite value
+    beyond float16's range (NumPy's cast would make it inf, with only a warning)."""
+    a = np.asarray(a)
+    if a.dtype == np.float16:
+        return a
+    with np.errstate(over="ignore"):
+        h = a.astype(np.float16)
+    inf = np.isinf(h)
+    if inf.any() and np.isfinite(a[inf]).any():
+        raise ValueError("kv=float16: a key or value is beyond float16's range (65504); this model needs the "
+                         "float32 KV cache (kv=float32)")
+    return h
 
 
 def _f32(a: np.ndarray) -> np.ndarray:
