@@ -42,6 +42,9 @@
 /* A flag on FMT_I8 for the products: the inputs quantized with one scale per row, not per block of QB
    (see "int8 products"). The weights are the same. */
 #define FMT_ROWS 16
+/* A flag on bfloat16's format code: the products' inputs rounded to bfloat16 too (the backend's
+   inputs=bfloat16), multiplied in pairs by VDPBF16PS (see "bfloat16 inputs"). */
+#define FMT_IN16 64
 /* A flag on the format of self_attention: a long prompt's attention on AMX-BF16 tiles where the CPU has
    them (see "attention on AMX-BF16 tiles"). */
 #define FMT_ATT16 32
@@ -1258,8 +1261,16 @@ static int product_quant(const float *x, int64_t m, int64_t k, const uint16_t *w
 /* y = x @ w.T + b, see the top of the file: x is [m, k], w the panels of n outputs, y [m, n]; with `act`
    1, y = gelu_new(x @ w.T + b) (the MLP's first product). MC rows at a time, each chunk's panels split
    among `threads` threads in tasks of TASK panels. Returns 0. */
+static int product_in16(const float *x, int64_t m, int64_t k, const uint16_t *w, int64_t n, const float *b,
+                        float *y, int threads, int act);
+
 static int product(const float *x, int64_t m, int64_t k, const uint16_t *w, int64_t n, const float *b, float *y,
                    int fmt, int threads, int act) {
+    if (fmt & FMT_IN16) {
+        int rc = product_in16(x, m, k, w, n, b, y, threads, act);
+        if (rc != 1) return rc;
+        fmt &= ~FMT_IN16;  /* (no AVX512-BF16 path here: float32 inputs) */
+    }
     if ((fmt & ~FMT_ROWS) == FMT_I8 || fmt == FMT_Q4) return product_quant(x, m, k, w, n, b, y, threads, act, fmt);
     int64_t count = (n + PANEL - 1) / PANEL, tasks = (count + TASK - 1) / TASK, sizes[MC];
     int simd = simd_path();
@@ -1899,6 +1910,116 @@ static int bf16_attention_path(const char **why) {
     return 0;
 }
 
+/* ------------------------------------------------------------------------------- bfloat16 inputs
+   dtype=bfloat16's products with their inputs rounded to bfloat16 too (nearest even; the backend's
+   inputs=bfloat16), as PyTorch's bfloat16 computes: VDPBF16PS multiplies 16 lanes of two bfloat16 pairs and
+   adds both products to float32 sums, twice float32 FMAs' multiply-adds an instruction. Each output is one
+   chain over the input pairs in order, the same for any number of rows, so a row gets the same bits
+   alone or batched. The panels keep their layout ([k][32]): the two weight rows of an input pair are
+   interleaved in registers (unpacklo/hi_epi16, which leave the outputs in an order undone once at the
+   end). Where the CPU lacks AVX512-BF16 (or a lesser path is forced) the products take float32 inputs,
+   as before: bf16_products() says which. */
+
+/* Whether inputs=bfloat16 runs on VDPBF16PS here: "" if so, else why not. */
+static const char *bf16_products_check(void) {
+    if (simd_path() != PATH_AVX512) return "a lesser path than AVX-512 runs";
+#if HAVE_BF16
+    return cpu_has_avx512_bf16() ? "" : "CPU lacks AVX512-BF16";
+#else
+    return "the compiler that built the kernels lacks AVX512-BF16";
+#endif
+}
+
+#if HAVE_BF16
+/* `mr` rows (up to MR_MAX) of one panel: xb [kh][mr] their inputs' bfloat16 pairs (input-major), w the
+   panel [k][32]. The end (bias, gelu) through finish8, as the other paths. */
+X512B static INLINE void tile_in16(const uint32_t *xb, int64_t k, const uint16_t *w, const int mr, const float *b,
+                                   float *y, int64_t n, int64_t col0, int act) {
+    __m512 acc[MR_MAX][2];
+#pragma GCC unroll 12
+    for (int r = 0; r < mr; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < (k + 1) / 2; i++) {
+        _mm_prefetch((const char *)(w + 2 * i * PANEL) + 2 * PREFETCH, _MM_HINT_T0);
+        __m512i w0 = _mm512_loadu_si512((const void *)(w + 2 * i * PANEL));
+        __m512i w1 = 2 * i + 1 < k ? _mm512_loadu_si512((const void *)(w + (2 * i + 1) * PANEL)) : _mm512_setzero_si512();
+        /* 32-bit lane 4L + t: (input 2i, input 2i + 1) of output 8L + t (lo) or 8L + 4 + t (hi) */
+        __m512bh lo = (__m512bh)_mm512_unpacklo_epi16(w0, w1), hi = (__m512bh)_mm512_unpackhi_epi16(w0, w1);
+#pragma GCC unroll 12
+        for (int r = 0; r < mr; r++) {
+            __m512bh xv = (__m512bh)_mm512_set1_epi32((int)xb[i * mr + r]);
+            acc[r][0] = _mm512_dpbf16_ps(acc[r][0], lo, xv);
+            acc[r][1] = _mm512_dpbf16_ps(acc[r][1], hi, xv);
+        }
+    }
+    const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+    const __m512i second = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+    for (int r = 0; r < mr; r++) {
+        __m512 o0 = _mm512_permutex2var_ps(acc[r][0], first, acc[r][1]);
+        __m512 o1 = _mm512_permutex2var_ps(acc[r][0], second, acc[r][1]);
+        finish8(_mm512_castps512_ps256(o0), b, y + r * n, col0, n, act);
+        finish8(_mm512_extractf32x8_ps(o0, 1), b, y + r * n, col0 + 8, n, act);
+        finish8(_mm512_castps512_ps256(o1), b, y + r * n, col0 + 16, n, act);
+        finish8(_mm512_extractf32x8_ps(o1, 1), b, y + r * n, col0 + 24, n, act);
+    }
+}
+
+#define TIN16(MR) \
+    X512B static void tin16_##MR(const uint32_t *xb, int64_t k, const uint16_t *w, const float *b, float *y, \
+                                 int64_t n, int64_t col0, int act) { tile_in16(xb, k, w, MR, b, y, n, col0, act); }
+TIN16(1) TIN16(2) TIN16(3) TIN16(4) TIN16(5) TIN16(6) TIN16(7) TIN16(8) TIN16(9) TIN16(10) TIN16(11) TIN16(12)
+typedef void (*tin16_fn)(const uint32_t *, int64_t, const uint16_t *, const float *, float *, int64_t, int64_t, int);
+static const tin16_fn TILES_IN16[MR_MAX + 1] = {NULL, tin16_1, tin16_2, tin16_3, tin16_4, tin16_5, tin16_6,
+    tin16_7, tin16_8, tin16_9, tin16_10, tin16_11, tin16_12};
+
+/* x [mc, k] → xb: tile by tile (sizes), each tile's rows input-pair-major ([kh][mr]), every input rounded to
+   bfloat16, pair (2i, 2i + 1) in one 32-bit word (input 2i in the low half; zero past k). */
+X512B static void pack_pairs(const float *x, int64_t mc, int64_t k, const int64_t *sizes, int64_t tiles,
+                             uint32_t *xb) {
+    (void)mc;
+    int64_t kh = (k + 1) / 2;
+    for (int64_t t = 0, r0 = 0; t < tiles; r0 += sizes[t], t++)
+        for (int64_t r = 0; r < sizes[t]; r++) {
+            const float *xr = x + (r0 + r) * k;
+            uint32_t *dst = xb + r0 * kh + r;
+            for (int64_t i = 0; i < kh; i++) {
+                uint32_t lo = to_bf16(xr[2 * i]), hi = 2 * i + 1 < k ? to_bf16(xr[2 * i + 1]) : 0;
+                dst[i * sizes[t]] = lo | hi << 16;
+            }
+        }
+}
+#endif
+
+/* product() of a bfloat16 weight with inputs=bfloat16 (see above): MC rows at a time, tiles of up to MR_MAX
+   rows, the panels split among the threads in tasks of TASK. Returns 0, -1 out of memory, or 1 when this
+   CPU has no VDPBF16PS path (nothing computed). */
+static int product_in16(const float *x, int64_t m, int64_t k, const uint16_t *w, int64_t n, const float *b,
+                        float *y, int threads, int act) {
+    if (bf16_products_check()[0]) return 1;
+#if HAVE_BF16
+    int64_t count = (n + PANEL - 1) / PANEL, tasks = (count + TASK - 1) / TASK, kh = (k + 1) / 2, gs = k * PANEL;
+    uint32_t *xb = malloc(sizeof(uint32_t) * (size_t)(min64(m, MC) * kh));
+    if (!xb) return -1;
+    (void)threads;
+    for (int64_t m0 = 0; m0 < m; m0 += MC) {
+        int64_t mc = min64(MC, m - m0), sizes[MC], tiles = (mc + MR_MAX - 1) / MR_MAX;
+        for (int64_t t = 0; t < tiles; t++) sizes[t] = mc / tiles + (t < mc % tiles);
+        pack_pairs(x + m0 * k, mc, k, sizes, tiles, xb);
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1) if (threads > 1 && tasks > 1)
+#endif
+        for (int64_t task = 0; task < tasks; task++)
+            for (int64_t p = task * TASK; p < min64(count, (task + 1) * TASK); p++)
+                for (int64_t t = 0, r0 = 0; t < tiles; r0 += sizes[t], t++)
+                    TILES_IN16[sizes[t]](xb + r0 * kh, k, w + p * gs, b, y + (m0 + r0) * n, n, p * PANEL, act);
+    }
+    free(xb);
+    return 0;
+#else
+    (void)x; (void)m; (void)k; (void)w; (void)n; (void)b; (void)y; (void)threads; (void)act;
+    return 1;
+#endif
+}
+
 /* attend_blocked's attention in bfloat16, in tiles of 16 queries, on the best bfloat16 path. Returns 0,
    or -1 when it cannot run (no bfloat16 path, d not a multiple of 32, out of memory): then nothing is
    computed. */
@@ -2374,7 +2495,7 @@ static Py_buffer *take(Held *h, PyObject *o, char code, int ndim, int writable) 
 /* 16-bit weights of n outputs over k inputs in panels (see the top of the file): a uint16 array
    [ceil(n / PANEL), k, PANEL]. NULL if it is not that. */
 static Py_buffer *take_weight(Held *h, PyObject *o, int64_t n, int64_t k, int64_t fmt) {
-    fmt &= ~(int64_t)FMT_ROWS;  /* (a flag on the products, not the weights) */
+    fmt &= ~(int64_t)(FMT_ROWS | FMT_IN16);  /* (flags on the products, not the weights) */
     Py_buffer *v = take(h, o, fmt >= FMT_I8 ? 'b' : 'H', 3, 0);
     if (!v || n < 1 || k < 1 || v->shape[0] != (n + PANEL - 1) / PANEL || v->shape[2] != PANEL
         || v->shape[1] != panel_elems(k, (int)fmt) / PANEL)
@@ -2402,7 +2523,8 @@ static int same_shape(const Py_buffer *a, const Py_buffer *b) {
 
 /* A weight format code this file knows. */
 static int known_format(int64_t fmt) {
-    return fmt == FMT_F16 || fmt == FMT_BF16 || fmt == FMT_I8 || fmt == FMT_Q4 || fmt == (FMT_I8 | FMT_ROWS);
+    return fmt == FMT_F16 || fmt == FMT_BF16 || fmt == FMT_I8 || fmt == FMT_Q4 || fmt == (FMT_I8 | FMT_ROWS)
+           || fmt == (FMT_BF16 | FMT_IN16);
 }
 
 static int as_int64(PyObject *o, int64_t *out) {
@@ -2456,7 +2578,7 @@ static PyObject *py_unpack(PyObject *self, PyObject *const *a, Py_ssize_t na) {
     if (!check_nargs(na, 8, "unpack") || !as_int64(a[1], &n) || !as_int64(a[2], &j0) || !as_int64(a[3], &j1)
         || !as_int64(a[4], &k) || !as_int64(a[6], &fmt) || !as_int64(a[7], &threads))
         return NULL;
-    fmt &= ~(int64_t)FMT_ROWS;  /* (a flag on the products, not the weights) */
+    fmt &= ~(int64_t)(FMT_ROWS | FMT_IN16);  /* (flags on the products, not the weights) */
     Py_buffer *w = take_weight(&h, a[0], n, k, fmt);
     Py_buffer *out = take(&h, a[5], 'f', 2, 1);
     if (!w || !out || !known_format(fmt) || j0 < 0 || j1 > n || j1 < j0 || out->shape[0] != j1 - j0
@@ -2480,7 +2602,7 @@ static PyObject *py_unpack_t(PyObject *self, PyObject *const *a, Py_ssize_t na) 
     if (!check_nargs(na, 8, "unpack_t") || !as_int64(a[1], &n) || !as_int64(a[2], &p0) || !as_int64(a[3], &p1)
         || !as_int64(a[4], &k) || !as_int64(a[6], &fmt) || !as_int64(a[7], &threads))
         return NULL;
-    fmt &= ~(int64_t)FMT_ROWS;  /* (a flag on the products, not the weights) */
+    fmt &= ~(int64_t)(FMT_ROWS | FMT_IN16);  /* (flags on the products, not the weights) */
     Py_buffer *w = take_weight(&h, a[0], n, k, fmt);
     Py_buffer *out = take(&h, a[5], 'f', 2, 1);
     if (!w || !out || !known_format(fmt) || p0 < 0 || p1 > w->shape[0] || p1 <= p0 || out->shape[0] != k
@@ -2887,6 +3009,12 @@ static PyObject *py_amx_bf16_support(PyObject *self, PyObject *unused) {
 }
 
 /* bf16_attention() -> (path, why): the path attention(..., bf16=True) takes now for a long prompt. */
+static PyObject *py_bf16_products(PyObject *self, PyObject *unused) {
+    (void)self; (void)unused;
+    const char *why = bf16_products_check();
+    return Py_BuildValue("(ss)", why[0] ? "" : "AVX512-BF16", why);
+}
+
 static PyObject *py_bf16_attention(PyObject *self, PyObject *unused) {
     (void)self; (void)unused;
     const char *why;
@@ -2940,6 +3068,9 @@ static PyMethodDef functions[] = {
      "amx_support() -> '' where AMX int8 tiles can run, else why not (the CPU, the OS or the kernel)."},
     {"amx_bf16_support", py_amx_bf16_support, METH_NOARGS,
      "amx_bf16_support() -> '' where attention(..., bf16=True) runs on AMX-BF16 tiles, else why not."},
+    {"bf16_products", py_bf16_products, METH_NOARGS,
+     "bf16_products() -> (path, why): 'AVX512-BF16' where inputs=bfloat16's products run on VDPBF16PS (else '' "
+     "and why not: their inputs stay float32)."},
     {"bf16_attention", py_bf16_attention, METH_NOARGS,
      "bf16_attention() -> (path, why): 'AMX-BF16' or 'AVX512-BF16', the path attention(..., bf16=True) takes "
      "for a long prompt, or '' (then it runs in float32); why: why not AMX-BF16, or why neither."},

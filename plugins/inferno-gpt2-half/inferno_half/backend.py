@@ -84,8 +84,14 @@ QUANTIZED = ("int8", "q4")
 #: llama.cpp's q8_0) or "rows", one scale per row (per token, as vLLM's W8A8 int8 and oneDNN's dynamic
 #: quantization): a row's int32 sum then runs over all of k, which AMX's tiles do at full depth.
 INPUTS = ("blocks", "rows")
+#: bfloat16's products with their inputs rounded to bfloat16 as well (`inputs=bfloat16`), as PyTorch's
+#: bfloat16: pairs of products summed in float32 by VDPBF16PS (AVX512-BF16: twice float32 FMAs' rate), where
+#: the CPU has it (`_kernels.bf16_products()`); elsewhere the inputs stay float32.
+INPUTS_BF16 = "bfloat16"
 #: The flag on int8's format code for inputs=rows (`_kernels.c`'s FMT_ROWS).
 FMT_ROWS = 16
+#: The flag on bfloat16's format code for inputs=bfloat16 (`_kernels.c`'s FMT_IN16).
+FMT_IN16 = 64
 #: How a long prompt attends (the `attention` option): "float32" (the default: every value and sum), or
 #: "bfloat16": on AMX-BF16 tiles, or VDPBF16PS where the CPU has AVX512-BF16 but no AMX (queries, keys,
 #: values and softmax weights rounded to bfloat16, sums float32, as PyTorch's bfloat16 attention), elsewhere
@@ -311,7 +317,8 @@ class HalfBackend(NumpyBackend):
     name = "half"
     description = ("16-bit weights (dtype=float16|bfloat16), 8-bit (dtype=int8) or 4-bit ones (dtype=q4), "
                    "float32 activations and sums; compiled kernels (threads=N up to 1024); faster prompts: "
-                   "inputs=rows (int8), attention=bfloat16; kv=float16 (the KV cache in half the bytes)")
+                   "inputs=rows (int8), inputs=bfloat16 (bfloat16), attention=bfloat16; kv=float16 (the KV "
+                   "cache in half the bytes)")
 
     @classmethod
     def runs_on(cls) -> str:
@@ -323,6 +330,8 @@ class HalfBackend(NumpyBackend):
         bf16_path = _KERNELS.bf16_attention()[0]
         if bf16_path:
             simd += f", {bf16_path} for attention=bfloat16"
+        if _KERNELS.bf16_products()[0]:
+            simd += f", {_KERNELS.bf16_products()[0]} for inputs=bfloat16"
         threads = _KERNELS.max_threads()
         capped = f", capped by INFERNO_HALF_ISA={ISA_CAP}" if ISA_CAP != "native" else ""
         return f"compiled C ({simd}, {'OpenMP' if threads > 1 else 'one thread'}{capped})"
@@ -334,9 +343,10 @@ class HalfBackend(NumpyBackend):
         8-bit integers and one float32 scale per output; half the bytes again) or "q4" (4-bit integers
         and a float16 scale per block of 32 inputs, as llama.cpp's q4_0: 0.56 of int8's bytes). `head`
         (q4 only): the format of the embeddings and the LM head, "q4" (the default, `HEAD_DEFAULT`) or
-        "int8". `inputs` (int8 only): how the products quantize their inputs, "blocks" of 32 (the
+        "int8". `inputs` (int8): how the products quantize their inputs, "blocks" of 32 (the
         default) or "rows" (one scale per row: less exact, and several times faster on AMX; see
-        `INPUTS`). `attention`: "float32" or "bfloat16", how a long prompt attends (`ATTENTION`). `kv`:
+        `INPUTS`); (bfloat16) "bfloat16", the inputs rounded to bfloat16 too (`INPUTS_BF16`).
+        `attention`: "float32" or "bfloat16", how a long prompt attends (`ATTENTION`). `kv`:
         the KV cache's element, "float32" or "float16" (`KV`).
         `threads`: threads of the compiled kernel, None or "auto" for $INFERNO_THREADS,
         else the usable cores (`inferno.cpu`). Bad values raise ValueError naming the option."""
@@ -353,11 +363,17 @@ class HalfBackend(NumpyBackend):
         if name == "q4" and head not in (None, "q4", "int8"):
             raise ValueError(f"half backend: option head={head!r} is not supported (choose q4 or int8)")
         self.head_fmt = (head or HEAD_DEFAULT) if name == "q4" else name
-        if inputs is not None and name != "int8":
+        if inputs == INPUTS_BF16 and name != "bfloat16":
+            raise ValueError(f"half backend: option inputs={inputs!r} applies to dtype=bfloat16 only")
+        if inputs not in (None, INPUTS_BF16) and name != "int8":
             raise ValueError(f"half backend: option inputs={inputs!r} applies to dtype=int8 only")
-        if inputs not in (None, *INPUTS):
+        if inputs not in (None, *INPUTS, INPUTS_BF16):
             raise ValueError(f"half backend: option inputs={inputs!r} is not supported (choose blocks or "
-                             "rows)")
+                             "rows; bfloat16 with dtype=bfloat16)")
+        #: bfloat16's products on bfloat16 inputs (`INPUTS_BF16`)
+        self.in16 = inputs == INPUTS_BF16
+        if self.in16:
+            self._code |= FMT_IN16
         #: int8's inputs quantized by row (`INPUTS`), in every product (the LM head's too)
         self.by_row = inputs == "rows"
         if self.by_row:
@@ -552,6 +568,7 @@ class HalfBackend(NumpyBackend):
             y = np.empty((m, n), np.float32)
             x = _f32(x)
             code = FORMATS[w.fmt] | (FMT_ROWS if self.by_row and w.fmt == "int8" else 0)
+            code |= FMT_IN16 if self.in16 and w.fmt == "bfloat16" else 0
             if _KERNELS.matmul(x, w.blocks, n, _bias(b), y, code, self.threads, gelu):
                 return y
         if w.fmt in QUANTIZED:  # the kernel's arithmetic: int8 inputs as well as weights

@@ -407,7 +407,10 @@ def test_registered_with_its_options():
     ("half:dtype=int8,head=q4", "option head='q4' applies to dtype=q4 only"),
     ("half:dtype=q4,head=float16", "option head='float16' is not supported (choose q4 or int8)"),
     ("half:dtype=q4,inputs=rows", "option inputs='rows' applies to dtype=int8 only"),
-    ("half:dtype=int8,inputs=row", "option inputs='row' is not supported (choose blocks or rows)"),
+    ("half:dtype=int8,inputs=row", "option inputs='row' is not supported (choose blocks or rows; "
+                                   "bfloat16 with dtype=bfloat16)"),
+    ("half:inputs=bfloat16", "option inputs='bfloat16' applies to dtype=bfloat16 only"),
+    ("half:dtype=bfloat16,inputs=rows", "option inputs='rows' applies to dtype=int8 only"),
     ("half:attention=float16", "option attention='float16' is not supported (choose float32 or bfloat16)"),
     ("half:threads=0", "option threads=0 must be an integer >= 1 or 'auto'"),
     ("half:threads=5000", "option threads=5000 must be at most 1024"),

@@ -1,0 +1,172 @@
+"""inputs=bfloat16 (`_kernels.c`, "bfloat16 inputs"): dtype=bfloat16's products with their inputs rounded
+to bfloat16 too, pairs of products summed in float32 by VDPBF16PS (AVX512-BF16). Checked against float64 on
+the same rounded operands, row by row the same in any batch, and end to end; the tests of the VDPBF16PS
+path skip where the CPU lacks it, naming what is missing (`_kernels.bf16_products()`), and there the option
+must change nothing."""
+
+from __future__ import annotations
+
+import inferno
+import numpy as np
+import pytest
+from inferno.models.config import Gpt2Config
+from inferno.testing_fixtures import write_model_dir
+from test_half import PROMPTS, _gelu64
+
+import inferno_half.backend as hb
+
+KERNELS = hb._KERNELS
+pytestmark = pytest.mark.skipif(KERNELS is None, reason="the C kernels are not built")
+BF16 = hb.FORMATS["bfloat16"]
+IN16 = BF16 | hb.FMT_IN16
+
+
+@pytest.fixture
+def vdpbf16():
+    """The VDPBF16PS path, where this machine has it."""
+    path, why = KERNELS.bf16_products()
+    if not path:
+        pytest.skip(f"inputs=bfloat16's AVX512-BF16 path cannot run here: {why}")
+    return path
+
+
+def _bf16(a: np.ndarray) -> np.ndarray:
+    """float32 → bfloat16 (nearest, ties to even) as float64."""
+    return hb.from_bits(hb.to_bits(np.asarray(a, np.float32), "bfloat16"), "bfloat16").astype(np.float64)
+
+
+def _product(x, w_packed, n, b, code, threads=2, gelu=False):
+    y = np.full((x.shape[0], n), np.nan, np.float32)
+    assert KERNELS.matmul(x, w_packed.blocks, n, b, y, code, threads, gelu)
+    return y
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 12, 13, 25, 97, 200])
+@pytest.mark.parametrize("n, k", [(64, 32), (33, 5), (100, 77), (96, 768), (1, 1)])
+def test_product_is_float32_sums_of_the_bfloat16_operands(vdpbf16, m, n, k):
+    # One row to more than an MC chunk, odd k (the last pair half empty), n not a multiple of a panel:
+    # within float32's rounding of the exact sum of the rounded operands (k sums at most).
+    rng = np.random.default_rng(m * 100 + k)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    w = (rng.standard_normal((n, k)) * 0.1).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    y = _product(x, hb.pack(w, "bfloat16"), n, b, IN16)
+    xr, wr = _bf16(x), _bf16(w)
+    want = xr @ wr.T + b
+    bound = 2.0**-23 * (k + 1) * (np.abs(xr) @ np.abs(wr).T + np.abs(b))
+    assert np.all(np.abs(y - want) <= bound), float(np.max(np.abs(y - want) - bound))
+
+
+def test_the_gelu_and_no_bias_ends(vdpbf16):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((20, 96)).astype(np.float32)
+    w = hb.pack((rng.standard_normal((70, 96)) * 0.3).astype(np.float32), "bfloat16")
+    plain = _product(x, w, 70, None, IN16)
+    np.testing.assert_allclose(_product(x, w, 70, None, IN16, gelu=True), _gelu64(plain.astype(np.float64)),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_a_row_gets_the_same_bits_in_any_batch_and_thread_count(vdpbf16):
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((40, 768)).astype(np.float32)
+    w = hb.pack((rng.standard_normal((300, 768)) * 0.05).astype(np.float32), "bfloat16")
+    b = rng.standard_normal(300).astype(np.float32)
+    batch = _product(x, w, 300, b, IN16, threads=2)
+    for i in (0, 7, 39):
+        np.testing.assert_array_equal(_product(x[i : i + 1], w, 300, b, IN16, threads=1)[0], batch[i])
+    np.testing.assert_array_equal(_product(x[5:30], w, 300, b, IN16, threads=1), batch[5:30])
+    exact = _product(x, w, 300, b, BF16)  # float32 inputs: within bfloat16's rounding of the inputs
+    assert not np.array_equal(batch, exact)
+    np.testing.assert_allclose(batch, exact, rtol=0, atol=1e-2 * np.abs(exact).max())
+
+
+def test_without_the_path_the_option_changes_nothing():
+    if KERNELS.simd() < 1:
+        pytest.skip("CPU lacks AVX2, FMA or F16C")
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((30, 64)).astype(np.float32)
+    w = hb.pack(rng.standard_normal((40, 64)).astype(np.float32), "bfloat16")
+    try:
+        KERNELS.force_avx2(1)
+        assert KERNELS.bf16_products() == ("", "a lesser path than AVX-512 runs")
+        np.testing.assert_array_equal(_product(x, w, 40, None, IN16), _product(x, w, 40, None, BF16))
+    finally:
+        KERNELS.force_avx2(0)
+
+
+def test_the_backend_names_the_path():
+    path, why = KERNELS.bf16_products()
+    runs_on = hb.HalfBackend.runs_on()
+    assert (f"{path} for inputs=bfloat16" in runs_on) if path else ("inputs=bfloat16" not in runs_on and why)
+
+
+@pytest.fixture(scope="module")
+def small_model(tmp_path_factory):
+    config = Gpt2Config(vocab_size=50257, n_positions=128, n_embd=128, n_layer=2, n_head=2,
+                        bos_token_id=50256, eos_token_id=50256)
+    return write_model_dir(tmp_path_factory.mktemp("in16"), config)
+
+
+def _composed(be, x, w_attn, b_attn, w_proj, b_proj, n_head, code):
+    """An attention block without a cache composed of the kernels' own products (format `code`) and the
+    backend's attention: what the fused C calls compute."""
+    t, c = x.shape[1], x.shape[2]
+    qkv = _product(x[0], w_attn, 3 * c, b_attn, code).reshape(1, t, 3, n_head, c // n_head)
+    q, k, v = (qkv[:, :, i].transpose(0, 2, 1, 3).copy() for i in range(3))
+    y = be.attention(q, k, v, 0).transpose(0, 2, 1, 3).reshape(t, c)
+    return _product(np.ascontiguousarray(y), w_proj, c, b_proj, code)[None]
+
+
+@pytest.mark.parametrize("t", [1, 5, 100])
+def test_the_fused_calls_take_bfloat16_inputs(vdpbf16, t):
+    # The decode block (t = 1, 5), a prompt through it (100: tiled attention), the ragged step and the MLP
+    # run their products on bfloat16 inputs: as composed of the IN16 products (up to the attention's sum
+    # order), not of float32 inputs' products.
+    from inferno.backends.base import RaggedRow
+
+    n_head, c = 4, 64
+    rng = np.random.default_rng(t)
+    be = hb.HalfBackend("bfloat16", inputs="bfloat16", threads=2)
+    x = rng.standard_normal((1, t, c)).astype(np.float32)
+    w_attn, w_proj = (hb.pack((rng.standard_normal(s) * 0.3).astype(np.float32), "bfloat16")
+                      for s in ((3 * c, c), (c, c)))
+    b_attn, b_proj = (rng.standard_normal(n).astype(np.float32) for n in (3 * c, c))
+    want = _composed(be, x, w_attn, b_attn, w_proj, b_proj, n_head, IN16)
+    other = _composed(be, x, w_attn, b_attn, w_proj, b_proj, n_head, BF16)
+    scale = np.abs(want).max()
+    kv = be.new_kv_cache(1, n_head, t, c // n_head)
+    fused, _ = be.self_attention(x, w_attn, b_attn, w_proj, b_proj, kv, 0, n_head)
+    slots = [be.new_kv_cache(1, n_head, t, c // n_head)]
+    ragged = be.ragged_self_attention(x, w_attn, b_attn, w_proj, b_proj, slots, [RaggedRow(0, 0, 0, t)],
+                                      n_head)
+    for got in (fused, ragged):
+        # (the attention's sums in another order may move a value of y across a bfloat16 rounding boundary
+        # of c_proj's inputs: that token's outputs then move by a bfloat16 step; at most one token here)
+        off = np.abs(got - want).max(axis=-1)[0] > 1e-5 * scale
+        assert off.sum() <= max(1, t // 50) and np.abs(got - want).max() <= 2e-2 * scale
+        assert np.abs(got - other).max() > 1e-4 * scale
+    w_fc = hb.pack((rng.standard_normal((4 * c, c)) * 0.3).astype(np.float32), "bfloat16")
+    w_p2 = hb.pack((rng.standard_normal((c, 4 * c)) * 0.3).astype(np.float32), "bfloat16")
+    b_fc, b_p2 = rng.standard_normal(4 * c).astype(np.float32), rng.standard_normal(c).astype(np.float32)
+    hidden = _product(x[0], w_fc, 4 * c, b_fc, IN16, gelu=True)
+    np.testing.assert_array_equal(be.mlp(x, w_fc, b_fc, w_p2, b_p2)[0], _product(hidden, w_p2, c, b_p2, IN16))
+    np.testing.assert_array_equal(be.lm_head(x, w_fc)[0], _product(x[0], w_fc, 4 * c, None, IN16))
+
+
+def test_a_model_with_bfloat16_inputs_is_within_their_rounding_of_float32_inputs(vdpbf16, small_model):
+    ids = list(np.random.default_rng(8).integers(0, 50257, 90))
+    fast = inferno.load(small_model, "half:dtype=bfloat16,inputs=bfloat16", download=False).logits(ids)
+    exact = inferno.load(small_model, "half:dtype=bfloat16", download=False).logits(ids)
+    assert not np.array_equal(fast, exact)
+    np.testing.assert_allclose(fast, exact, rtol=0, atol=1e-2 * np.abs(exact).max())
+
+
+def test_batched_sequences_get_the_ids_they_get_alone(vdpbf16, small_model, monkeypatch):
+    from inferno.backends.numpy_backend import NumpyBackend
+
+    pipe = inferno.load(small_model, "half:dtype=bfloat16,inputs=bfloat16", download=False)
+    alone = [pipe.generate(p, max_new_tokens=8, stop_at_eos=False).ids for p in PROMPTS]
+    for name in ("linear", "mlp", "ragged_self_attention", "lm_head"):
+        monkeypatch.setattr(NumpyBackend, name, lambda *a, name=name: pytest.fail(f"NumPy's {name} ran"))
+    together = [r.ids for r in pipe.generate_batch(PROMPTS, max_new_tokens=8, stop_at_eos=False)]
+    assert together == alone
