@@ -1,0 +1,71 @@
+"""`half:dtype=bfloat16`'s products with float32 inputs against `inputs=bfloat16` (VDPBF16PS), side by side
+in ONE run (#44: AVX512-BF16 dot products on CPUs that have them).
+
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benches/bf16_products.py [--rounds 5] [--threads 2]
+
+Random weights of the GPT-2 124M shape's four products (seeded), m = 1, 16, 96 and 1000 rows: each round
+times both, in turn, each the best of `--repeat` calls of `_kernels.matmul`; the table shows the medians
+over rounds, GFLOP/s, and the median (range) of the per-round ratios float32 time / bfloat16 time (above 1:
+bfloat16 inputs are faster). Where the CPU has no VDPBF16PS path the script says why and stops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import numpy as np
+
+SHAPES = {"c_attn 768->2304": (768, 2304), "c_fc 768->3072": (768, 3072), "c_proj 3072->768": (3072, 768),
+          "lm_head 768->50257": (768, 50257)}
+ROWS = (1, 16, 96, 1000)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args(argv)
+    import inferno_half.backend as hb
+
+    kernels = hb._KERNELS
+    path, why = kernels.bf16_products() if kernels is not None else ("", "the C kernels are not built")
+    if not path:
+        print(f"inputs=bfloat16 has no VDPBF16PS path here: {why}", file=sys.stderr)
+        return 1
+    bf16 = hb.FORMATS["bfloat16"]
+    codes = {"float32 inputs": bf16, "bfloat16 inputs": bf16 | hb.FMT_IN16}
+    rng = np.random.default_rng(0)
+    print(f"`python benches/bf16_products.py {' '.join(argv if argv is not None else sys.argv[1:])}` "
+          f"({path}, {args.threads} threads, medians of {args.rounds} rounds)\n")
+    print("| product | rows | float32 inputs ms | GFLOP/s | bfloat16 inputs ms | GFLOP/s | speed-up |")
+    print("| --- | --: | --: | --: | --: | --: | --: |")
+    for name, (k, n) in SHAPES.items():
+        w = hb.pack((rng.standard_normal((n, k)) * 0.05).astype(np.float32), "bfloat16")
+        for m in ROWS:
+            x = rng.standard_normal((m, k)).astype(np.float32)
+            y = np.empty((m, n), np.float32)
+            times: dict[str, list[float]] = {c: [] for c in codes}
+            for _ in range(args.rounds):
+                for label, code in codes.items():
+                    best = float("inf")
+                    for _ in range(args.repeat):
+                        start = time.perf_counter()
+                        kernels.matmul(x, w.blocks, n, None, y, code, args.threads, False)
+                        best = min(best, time.perf_counter() - start)
+                    times[label].append(best)
+            f32, b16 = times["float32 inputs"], times["bfloat16 inputs"]
+            ratios = [a / b for a, b in zip(f32, b16, strict=True)]
+            flop = 2 * m * n * k
+            cells = [f"{statistics.median(t) * 1e3:.2f} | {flop / statistics.median(t) / 1e9:.0f}"
+                     for t in (f32, b16)]
+            print(f"| {name} | {m} | {cells[0]} | {cells[1]} | {statistics.median(ratios):.2f}x "
+                  f"({min(ratios):.2f}-{max(ratios):.2f}) |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
