@@ -170,3 +170,34 @@ def test_batched_sequences_get_the_ids_they_get_alone(vdpbf16, small_model, monk
         monkeypatch.setattr(NumpyBackend, name, lambda *a, name=name: pytest.fail(f"NumPy's {name} ran"))
     together = [r.ids for r in pipe.generate_batch(PROMPTS, max_new_tokens=8, stop_at_eos=False)]
     assert together == alone
+
+
+@pytest.mark.parametrize("variant", ["qwen3", "llama-gqa4-bias"])
+def test_a_llama_model_with_bfloat16_inputs(vdpbf16, variant, monkeypatch):
+    # The Llama family's projections and gated MLP go through the same products (its BF16 checkpoints are
+    # what the option is for): each product of the model takes bfloat16 inputs, and the logits stay within
+    # their rounding of float32 inputs'.
+    from inferno.models.llama import LlamaConfig, from_state_dict
+    from inferno.testing import llama_config, llama_state_dict
+
+    cfg = llama_config(variant, tie_word_embeddings=True)
+    config = LlamaConfig.from_dict(cfg)
+    sd = llama_state_dict(cfg, seed=5)
+    ids = np.random.default_rng(1).integers(0, config.vocab_size, (2, 7))
+    codes = []
+
+    class Spy:  # the kernels, recording each product's format code
+        def __getattr__(self, name):
+            return getattr(KERNELS, name)
+
+        def matmul(self, *args):
+            codes.append(args[5])
+            return KERNELS.matmul(*args)
+
+    monkeypatch.setattr(hb, "_KERNELS", Spy())
+    fast = from_state_dict(config, sd, hb.HalfBackend("bfloat16", inputs="bfloat16", threads=2)).forward(ids)
+    assert codes and set(codes) == {IN16}
+    monkeypatch.undo()
+    exact = from_state_dict(config, sd, hb.HalfBackend("bfloat16", threads=2)).forward(ids)
+    assert not np.array_equal(fast, exact)
+    np.testing.assert_allclose(fast, exact, rtol=0, atol=1e-2 * np.abs(exact).max())
