@@ -7,8 +7,9 @@
   bias, greedy and sampled (temperature 0.8, top_k 40, seeded); for every registered backend;
 * score-256: `Pipeline.score` of 256 token ids (one window: a forward with the logits of 255 positions,
   then the float64 log-softmax), for every registered backend;
-* step-32: 32 `SequenceState.step` calls on 50257-wide logits rows, plain and with every option, greedy
-  and sampled, without a model (what the options add to decode steps; backend-independent).
+* step-32: 32 `SequenceState.step` calls on 50257-wide logits rows, plain and with every option, greedy,
+  sampled and at temperature 1 without a cut (a draw over the whole vocabulary), without a model (what
+  the options add to decode steps; backend-independent).
 
 For the side-by-side ratios against plain decode and prefill, see ``options_overhead.py``.
 """
@@ -30,7 +31,8 @@ TOKENIZER_JSON = Path(__file__).resolve().parents[1] / "inferno" / "data" / "gpt
 ALL_OPTIONS = {"logprobs": 5, "stop": ["\n\n\n", "###", "<END>", "Q:"], "repetition_penalty": 1.1,
                "presence_penalty": 0.5, "frequency_penalty": 0.5,
                "logit_bias": {50256: -100.0, 198: -5.0, 13: 2.0, 262: 1.5}}
-SAMPLERS = {"greedy": {}, "sampled": {"temperature": 0.8, "top_k": 40, "seed": 1}}
+SAMPLERS = {"greedy": {}, "sampled": {"temperature": 0.8, "top_k": 40, "seed": 1},
+            "temperature-1": {"temperature": 1.0, "seed": 1}}  # (the OpenAI API's default: no cut)
 
 
 @pytest.fixture(scope="module")

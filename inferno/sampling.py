@@ -60,6 +60,72 @@ def _tame(z: np.ndarray) -> np.ndarray:
     return np.where(z == m, 0.0, -np.inf)
 
 
+#: Logits per block whose maxima bound `top_k_candidates`' search.
+TOP_K_BLOCK = 64
+
+
+def top_k_candidates(z: np.ndarray, k: int) -> np.ndarray:
+    """Ids that include the k largest values of `z` (every id tied with the k-th largest among them), in
+    id order: those at or above the k-th largest of the maxima of blocks of `TOP_K_BLOCK` (k blocks reach
+    it, so at least k values do). Usually a few times k, found in a few passes; a partition of the whole
+    vocabulary (np.argpartition) took most of a sampled step and picked among ties arbitrarily."""
+    n = len(z)
+    blocks = n // TOP_K_BLOCK
+    if blocks < 2 * k:
+        return np.arange(n)
+    maxima = z[: blocks * TOP_K_BLOCK].reshape(blocks, TOP_K_BLOCK).max(axis=1)
+    threshold = np.partition(maxima, blocks - k)[blocks - k]
+    return np.flatnonzero(z >= threshold)
+
+
+def top_p_candidates(z: np.ndarray, top_p: float) -> tuple[np.ndarray, float]:
+    """Ids that include the smallest most-likely-first prefix of `z` (maximum 0) whose mass reaches top_p
+    (`top_k_candidates` of a growing k, until their mass does), and the mass of every id: a sort of only
+    those, where one of the whole vocabulary took milliseconds a token."""
+    weights = np.exp(z)
+    total = float(weights.sum())
+    k = 64
+    while True:
+        ids = top_k_candidates(z, k)
+        # (a margin for the sums' order: the cut itself sums the sorted prefix)
+        if len(ids) == len(z) or weights[ids].sum() >= top_p * total * (1 + 1e-9):
+            return ids, total
+        k *= 4
+
+
+#: Weights per block of `draw`'s two-level search.
+DRAW_BLOCK = 1024
+
+
+def draw(weights: np.ndarray, r: float) -> int:
+    """The index i with C[i - 1] <= r * C[-1] < C[i], C the cumulative sums of `weights` (float64, >= 0, not
+    all 0; r in [0, 1)): a draw by the inverse CDF, never an index of weight 0. In two levels beyond
+    `DRAW_BLOCK` weights, the blocks' sums and then one block's cumulative sums: NumPy's cumsum is a
+    sequential loop, most of the time of a draw over a whole vocabulary. (The sums' order differs from one
+    cumsum's only in the last bits: a draw within that rounding of a boundary may fall on either side.)"""
+    n = len(weights)
+    if n <= DRAW_BLOCK:
+        cdf = np.cumsum(weights)
+        return _last_weighted(weights, int(np.searchsorted(cdf, r * cdf[-1], side="right")))
+    starts = np.arange(0, n, DRAW_BLOCK)
+    blocks = np.cumsum(np.add.reduceat(weights, starts))
+    u = r * blocks[-1]
+    b = int(np.searchsorted(blocks, u, side="right"))
+    if b == len(blocks):  # (r * total rounded up to the total)
+        return _last_weighted(weights, n)
+    lo = int(starts[b])  # (a block of nonzero sum: blocks[b] > u >= blocks[b - 1])
+    cdf = np.cumsum(weights[lo : lo + DRAW_BLOCK])
+    if b:
+        cdf += blocks[b - 1]
+    return lo + _last_weighted(weights[lo : lo + DRAW_BLOCK], int(np.searchsorted(cdf, u, side="right")))
+
+
+def _last_weighted(weights: np.ndarray, i: int) -> int:
+    """i, or where a draw at the very top of the sums (r * total rounding up to it) overran the end, the
+    last index of nonzero weight."""
+    return i if i < len(weights) else int(np.flatnonzero(weights)[-1])
+
+
 class Sampler:
     """Picks token ids; the same params and seed give the same choices for the same logits."""
 
@@ -76,17 +142,26 @@ class Sampler:
         p = self.params
         # Work in float64 so that top-p sums and the draw do not depend on float32 rounding; subtract
         # the maximum before dividing so that a tiny temperature cannot overflow to inf - inf.
-        z = _tame(np.asarray(logits, dtype=np.float64))
-        with np.errstate(over="ignore"):  # far below the maximum at a tiny temperature: -inf, weight 0
-            z = (z - z.max()) / (p.temperature or 1.0)
-        ids = np.arange(z.shape[0])
+        # (In place, in one array of our own: fresh temporaries of a vocabulary's float64 cost more in
+        # page faults than their arithmetic.)
+        z = _tame(np.array(logits, dtype=np.float64))
+        z -= z.max()
+        if p.temperature:
+            with np.errstate(over="ignore"):  # far below the maximum at a tiny temperature: -inf, weight 0
+                z /= p.temperature
+        ids, total = None, None
         if 0 < p.top_k < z.shape[0]:
-            ids = np.argpartition(-z, p.top_k - 1)[: p.top_k]
+            ids = top_k_candidates(z, p.top_k)
+        elif not p.top_k and p.top_p < 1.0:
+            ids, total = top_p_candidates(z, p.top_p)  # (total: the mass of every id, for the cut)
+        if ids is None:
+            ids = np.arange(z.shape[0])
         if p.top_k or p.top_p < 1.0:
             # Candidates by descending logit; ties broken by id so the order is reproducible.
             ids = ids[np.lexsort((ids, -z[ids]))]
-        probs = np.exp(z[ids] - z[ids].max())
-        probs /= probs.sum()
+            ids = ids[: p.top_k or len(ids)]
+        probs = np.exp(z[ids] - z[ids].max())  # (z's maximum is 0, and among the candidates)
+        probs /= probs.sum() if total is None else total
         if p.top_p < 1.0:
             # Keep the smallest prefix whose mass reaches top_p, including the token that crosses it.
             keep = int(np.searchsorted(np.cumsum(probs), p.top_p)) + 1
@@ -100,16 +175,16 @@ class Sampler:
         if not p.top_k and p.top_p >= 1.0:
             # No cut: the distribution over every id in order, built in place in one float64 array
             # (the same draw as `distribution` gives, with a fraction of its passes over the vocabulary).
-            z = _tame(np.array(logits, dtype=np.float64))
-            z -= z.max()
+            z = np.array(logits, dtype=np.float64)
+            m = z.max()
+            if not math.isfinite(m):
+                z = _tame(z)
+                m = z.max()
+            z -= m
             if p.temperature != 1.0:
                 with np.errstate(over="ignore"):
                     z /= p.temperature
             np.exp(z, out=z)
-            cdf = np.cumsum(z, out=z)
-            i = int(np.searchsorted(cdf, self.rng.random() * cdf[-1], side="right"))
-            return min(i, len(cdf) - 1)
+            return draw(z, self.rng.random())
         ids, probs = self.distribution(logits)
-        cdf = np.cumsum(probs)
-        i = int(np.searchsorted(cdf, self.rng.random() * cdf[-1], side="right"))
-        return int(ids[min(i, len(ids) - 1)])
+        return int(ids[draw(probs, self.rng.random())])

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from reference import candidates, reference_draw
 
-from inferno.sampling import PRESETS, Sampler, SamplingError, SamplingParams
+from inferno.sampling import DRAW_BLOCK, PRESETS, Sampler, SamplingError, SamplingParams, draw
 
 
 def softmax(z: np.ndarray) -> np.ndarray:
@@ -298,3 +298,56 @@ def test_all_minus_infinite_logits_still_give_a_token(kwargs):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert all(0 <= sampler(np.full(8, -np.inf)) < 8 for _ in range(20))
+
+
+def _draw_reference(weights: np.ndarray, r: float) -> int:
+    """The inverse-CDF draw from the definition: one cumulative sum over every weight."""
+    cdf = np.cumsum(weights)
+    return int(np.searchsorted(cdf, r * cdf[-1], side="right"))
+
+
+@pytest.mark.parametrize("n", [1, 5, DRAW_BLOCK, DRAW_BLOCK + 1, 3 * DRAW_BLOCK - 7, 50257])
+def test_the_two_level_draw_is_the_inverse_cdf(n):
+    # Blocks' sums, then one block's cumulative sums: the index one cumulative sum over everything gives,
+    # for random weights and draws, at the first and last weight, and with runs of zero weights (whole
+    # zero blocks among them) that are never drawn.
+    rng = np.random.default_rng(n)
+    weights = rng.exponential(size=n)
+    weights[rng.random(n) < 0.3] = 0.0
+    if n > 2 * DRAW_BLOCK:
+        weights[DRAW_BLOCK : 2 * DRAW_BLOCK] = 0.0
+    weights[-1] = weights[-1] or 1.0
+    cdf = np.cumsum(weights)
+    edges = [0.0, np.nextafter(1.0, 0.0)] + [c / cdf[-1] for c in cdf[:: max(1, n // 50)]]
+    for r in [*rng.random(300), *edges]:
+        got = draw(weights, r)
+        assert weights[got] > 0
+        if r * cdf[-1] < cdf[-1]:  # (below the very top, where the two sums' last bits cannot matter)
+            want = _draw_reference(weights, r)
+            assert got == want or abs(r * cdf[-1] - cdf[min(got, want)]) <= 1e-12 * cdf[-1], (r, got, want)
+
+
+def test_a_draw_at_the_top_never_takes_a_weightless_last_token():
+    # r * total rounding up to the total overruns the sums: the last token of nonzero weight, not a
+    # trailing one of weight 0 (a -inf logit).
+    for n in (4, 5000):
+        weights = np.zeros(n)
+        weights[: n // 2] = 1.0
+        assert draw(weights, 1.0) == n // 2 - 1
+
+
+@pytest.mark.parametrize(("scale", "top_k", "top_p"), [(3.0, 40, 1.0), (3.0, 1, 1.0), (10.0, 200, 1.0),
+                                                     (3.0, 40, 0.8), (10.0, 0, 0.9), (10.0, 0, 0.5),
+                                                     (1.0, 0, 0.95), (30.0, 0, 0.999), (4.0, 0, 0.99),
+                                                     (5.0, 0, 0.95)])
+def test_a_vocabulary_wide_cut_keeps_the_reference_candidates(scale, top_k, top_p):
+    # top_k and top_p over a GPT-2-wide vocabulary search a few candidates above a threshold (block
+    # maxima; for top_p, a growing k until their mass reaches it) before sorting: the same ids, most
+    # likely first, ties by id (logits rounded to one decimal: many ties at the cut), and probabilities
+    # as the definition's.
+    logits = np.round(np.random.default_rng(int(scale * 10) + top_k).standard_normal(50257) * scale, 1)
+    sampler = Sampler(SamplingParams(temperature=0.7, top_k=top_k, top_p=top_p))
+    ids, probs = sampler.distribution(logits)
+    want_ids, want_probs = candidates(logits, 0.7, top_k, top_p)
+    assert ids.tolist() == want_ids
+    np.testing.assert_allclose(probs, want_probs, rtol=1e-9)
