@@ -39,7 +39,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from inferno.sampling import Sampler, SamplingError, SamplingParams
+from inferno.sampling import Sampler, SamplingError, SamplingParams, top_k_candidates
 
 
 class ConstraintMatcher(Protocol):
@@ -269,10 +269,9 @@ def top_logprobs(logits: np.ndarray, n: int, lse: float) -> list[tuple[int, floa
         return []
     n = min(n, logits.shape[-1])
     if n < logits.shape[-1]:
-        # Every id at least as likely as the n-th: argpartition alone would pick any of the ids tied at the
-        # cut, not the smallest.
-        cut = np.partition(logits, logits.shape[-1] - n)[logits.shape[-1] - n]
-        ids = np.flatnonzero(logits >= cut)
+        # Every id at least as likely as the n-th (argpartition alone would pick any of the ids tied at
+        # the cut, not the smallest), found above block maxima: a partition of the row took most of it.
+        ids = top_k_candidates(logits, n)
     else:
         ids = np.arange(n)
     ids = ids[np.lexsort((ids, -logits[ids]))][:n]
