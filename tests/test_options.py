@@ -707,3 +707,14 @@ def test_stop_strings_need_a_decoder_says_so():
     assert (info.value.field, info.value.reason) == (
         "stop", "needs a tokenizer to match text (use inferno.load(...).generate)")
     assert SequenceState(GenerationOptions(), [0]).stop_strings is None
+
+
+@pytest.mark.parametrize("n", [1, 5, 20])
+def test_top_logprobs_over_a_whole_vocabulary_are_the_sorted_ones(n):
+    # A GPT-2-wide row (its alternatives searched above block maxima) with many ties: the n most likely,
+    # ties by id, as a full sort gives.
+    logits = np.round(np.random.default_rng(n).standard_normal(50257) * 3, 1).astype(np.float32)
+    lp = token_logprob(logits, 7, n)
+    order = sorted(range(len(logits)), key=lambda i: (-logits[i], i))[:n]
+    assert [i for i, _ in lp.top] == order
+    assert [lp for _, lp in lp.top] == pytest.approx(log_softmax(logits)[order].tolist(), abs=1e-9)
