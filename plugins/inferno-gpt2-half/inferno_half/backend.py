@@ -98,9 +98,9 @@ FMT_IN16 = 64
 #: as float32.
 ATTENTION = ("float32", "bfloat16")
 #: The KV cache's element (the `kv` option): "float32" (the default), or "float16", as llama.cpp's
-#: default cache: half the bytes, which a decode step of many sequences over long contexts reads as many
-#: of as the weights' (float16 keeps 11 significant bits; bfloat16's 8 would lose more, for a range no
-#: key needs: a finite key or value beyond float16's range raises instead of becoming inf).
+#: default cache: half the bytes, of which a decode step of many sequences over long contexts reads more
+#: than of the weights. float16 keeps 11 significant bits (bfloat16 8) and raises on a finite key or
+#: value beyond its range instead of making it inf.
 KV = ("float32", "float16")
 #: The flag on self_attention's format code for attention=bfloat16 (`_kernels.c`'s FMT_ATT16).
 FMT_ATT16 = 32
