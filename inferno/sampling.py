@@ -60,6 +60,19 @@ def _tame(z: np.ndarray) -> np.ndarray:
     return np.where(z == m, 0.0, -np.inf)
 
 
+def _shifted(logits: np.ndarray) -> np.ndarray:
+    """A float64 copy of `logits` less its maximum (tamed: `_tame`), its maximum 0: one array of our own,
+    worked on in place after (fresh temporaries of a vocabulary's float64 cost more in page faults than
+    their arithmetic)."""
+    z = np.array(logits, dtype=np.float64)
+    m = z.max()
+    if not math.isfinite(m):
+        z = _tame(z)
+        m = z.max()
+    z -= m
+    return z
+
+
 #: Logits per block whose maxima bound `top_k_candidates`' search.
 TOP_K_BLOCK = 64
 
@@ -142,10 +155,7 @@ class Sampler:
         p = self.params
         # Work in float64 so that top-p sums and the draw do not depend on float32 rounding; subtract
         # the maximum before dividing so that a tiny temperature cannot overflow to inf - inf.
-        # (In place, in one array of our own: fresh temporaries of a vocabulary's float64 cost more in
-        # page faults than their arithmetic.)
-        z = _tame(np.array(logits, dtype=np.float64))
-        z -= z.max()
+        z = _shifted(logits)
         if p.temperature:
             with np.errstate(over="ignore"):  # far below the maximum at a tiny temperature: -inf, weight 0
                 z /= p.temperature
@@ -175,12 +185,7 @@ class Sampler:
         if not p.top_k and p.top_p >= 1.0:
             # No cut: the distribution over every id in order, built in place in one float64 array
             # (the same draw as `distribution` gives, with a fraction of its passes over the vocabulary).
-            z = np.array(logits, dtype=np.float64)
-            m = z.max()
-            if not math.isfinite(m):
-                z = _tame(z)
-                m = z.max()
-            z -= m
+            z = _shifted(logits)
             if p.temperature != 1.0:
                 with np.errstate(over="ignore"):
                     z /= p.temperature

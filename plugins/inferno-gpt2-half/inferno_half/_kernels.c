@@ -2113,7 +2113,23 @@ X512B static int attend_bf16(int64_t b, int64_t h, int64_t hkv, int64_t t, int64
 /* What a cache write returns when a finite key or value is beyond float16's range (kv=float16). */
 #define KV_OUT_OF_RANGE -2
 
+/* n values rounded to float16 into o (see f32_to_f16), portable C. Returns 1 if a finite value was beyond
+   float16's range (it became inf), else 0. */
+static int store_f16_portable(uint16_t *o, const float *x, int64_t n) {
+    int bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        o[i] = f32_to_f16(x[i]);
+        bad |= fabsf(x[i]) >= 65520.0f && fabsf(x[i]) < INFINITY;
+    }
+    return bad;
+}
+
+static void widen_f16_portable(const uint16_t *h, int64_t n, float *o) {
+    for (int64_t i = 0; i < n; i++) o[i] = f16_to_f32(h[i]);
+}
+
 #if HAVE_X86
+/* store_f16_portable 8 at a time (VCVTPS2PH rounds the same), the rest through it. */
 X86 static int store_f16_x86(uint16_t *o, const float *x, int64_t n) {
     __m256 lim = _mm256_set1_ps(65520.0f), inf = _mm256_set1_ps(INFINITY);
     __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
@@ -2124,17 +2140,13 @@ X86 static int store_f16_x86(uint16_t *o, const float *x, int64_t n) {
         _mm_storeu_si128((__m128i *)(o + i), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
         bad |= _mm256_movemask_ps(_mm256_and_ps(_mm256_cmp_ps(a, lim, _CMP_GE_OQ), _mm256_cmp_ps(a, inf, _CMP_LT_OQ)));
     }
-    for (; i < n; i++) {
-        o[i] = f32_to_f16(x[i]);
-        bad |= fabsf(x[i]) >= 65520.0f && fabsf(x[i]) < INFINITY;
-    }
-    return bad != 0;
+    return (bad != 0) | store_f16_portable(o + i, x + i, n - i);
 }
 
 X86 static void widen_f16_x86(const uint16_t *h, int64_t n, float *o) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(o + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
-    for (; i < n; i++) o[i] = f16_to_f32(h[i]);
+    widen_f16_portable(h + i, n - i, o + i);
 }
 #endif
 
@@ -2148,13 +2160,7 @@ static int store_kv(void *dst, const float *x, int64_t n, int h16) {
 #if HAVE_X86
     if (simd_path()) return store_f16_x86(dst, x, n);
 #endif
-    uint16_t *o = dst;
-    int bad = 0;
-    for (int64_t i = 0; i < n; i++) {
-        o[i] = f32_to_f16(x[i]);
-        bad |= fabsf(x[i]) >= 65520.0f && fabsf(x[i]) < INFINITY;
-    }
-    return bad;
+    return store_f16_portable(dst, x, n);
 }
 
 /* The first `keys` rows of `heads` key and value heads of float16 caches [heads, l, d], widened into one
@@ -2168,7 +2174,7 @@ static float *widen_kv(const void *k, const void *v, int64_t heads, int64_t l, i
 #if HAVE_X86
         if (simd_path()) { widen_f16_x86(src, keys * d, dst); continue; }
 #endif
-        for (int64_t j = 0; j < keys * d; j++) dst[j] = f16_to_f32(src[j]);
+        widen_f16_portable(src, keys * d, dst);
     }
     return w;
 }

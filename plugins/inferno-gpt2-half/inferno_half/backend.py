@@ -330,8 +330,9 @@ class HalfBackend(NumpyBackend):
         bf16_path = _KERNELS.bf16_attention()[0]
         if bf16_path:
             simd += f", {bf16_path} for attention=bfloat16"
-        if _KERNELS.bf16_products()[0]:
-            simd += f", {_KERNELS.bf16_products()[0]} for inputs=bfloat16"
+        products_path = _KERNELS.bf16_products()[0]
+        if products_path:
+            simd += f", {products_path} for inputs=bfloat16"
         threads = _KERNELS.max_threads()
         capped = f", capped by INFERNO_HALF_ISA={ISA_CAP}" if ISA_CAP != "native" else ""
         return f"compiled C ({simd}, {'OpenMP' if threads > 1 else 'one thread'}{capped})"
