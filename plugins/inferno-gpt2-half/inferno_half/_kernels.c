@@ -814,7 +814,9 @@ static int cpu_has_vnni(void) {
    Tile data needs the OS's consent (XCR0, and on Linux arch_prctl); without it the VNNI path runs. */
 
 /* AMX's intrinsics: x86-64 only, GCC 11 and clang 12 on (an older compiler builds the rest without it). */
-#if HAVE_X86 && defined(__x86_64__) && (defined(__clang__) ? __clang_major__ >= 12 : __GNUC__ >= 11)
+#if HAVE_X86 && defined(INFERNO_HALF_EMULATE_AMX)
+#define HAVE_AMX 1 /* the tiles in plain C: the tests' build (_amx_emulated.h) */
+#elif HAVE_X86 && defined(__x86_64__) && (defined(__clang__) ? __clang_major__ >= 12 : __GNUC__ >= 11)
 #define HAVE_AMX 1
 #else
 #define HAVE_AMX 0
@@ -827,7 +829,12 @@ static int cpu_has_vnni(void) {
 #include <unistd.h>
 #endif
 
+#ifdef INFERNO_HALF_EMULATE_AMX
+#include "_amx_emulated.h"
+#define XAMX X512
+#else
 #define XAMX __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+#endif
 
 /* Tiles 0, 1: A (16 rows x QB bytes); 2, 3: B (QB / 4 rows x 64 bytes); 4, 5: the sums (16 x 16 int32).
    Two of each, for alternate blocks: the next block's tile work runs while this one's FMAs do. Static
@@ -843,6 +850,9 @@ static const struct {
    kernel's permission for tile data, asked once per process (arch_prctl ARCH_REQ_XCOMP_PERM, 0x1023,
    for XFEATURE_XTILEDATA, 18), before the first tile is used. */
 static const char *amx_check(void) {
+#ifdef INFERNO_HALF_EMULATE_AMX
+    return cpu_has_vnni() ? "" : "CPU lacks AVX-512 VNNI (the emulated tiles' surroundings need it)";
+#else
     unsigned a, b, c, d;
     if (!cpu_has_vnni() || !__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << 25)))
         return "CPU lacks AMX-INT8";
@@ -857,13 +867,18 @@ static const char *amx_check(void) {
 #else
     return "AMX tile data is requested on Linux only";
 #endif
+#endif
 }
 
 /* tilestored of tile T to s (16 rows of 64 bytes), telling the compiler which memory it writes: the
    intrinsic's "memory" clobber would keep the accumulators below in memory, not registers. */
+#ifdef INFERNO_HALF_EMULATE_AMX
+#define AMX_STORE(T, s) emu_tile_stored(T, s, 64)
+#else
 #define AMX_STORE(T, s) \
     __asm__ volatile("{tilestored\t%%tmm" #T ", (%1,%2,1)|tilestored\t[%1+%2*1], %%tmm" #T "}" \
                      : "=m"(*(int32_t(*)[256])(s)) : "r"(s), "r"((long)64))
+#endif
 
 /* The sums of one block (tiles A, B into C, stored at s) for 16 rows by 16 outputs. */
 #define AMX_BLOCK(A, B, C, q, kp, w, blk, s) do { \
@@ -1822,20 +1837,30 @@ X512B static void attend_tile_dpbf16(const uint32_t *qp, const uint16_t *kt, con
 #endif
 
 #if HAVE_AMX
+#ifdef INFERNO_HALF_EMULATE_AMX
+#define XAMXB X512
+#else
 #define XAMXB __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+#endif
 
 /* Why the bfloat16 tiles cannot run here ("" when they can): AMX's checks, and AMX-BF16. */
 static const char *amx_bf16_check(void) {
     if (amx_min_rows == 0) return "AMX is switched off (amx_rows(0), INFERNO_HALF_ISA=avx512)";
+#ifndef INFERNO_HALF_EMULATE_AMX
     unsigned a, b, c, d;
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 22))) return "CPU lacks AMX-BF16";
+#endif
     return amx_support();
 }
 
 /* The store of a float32 sums tile T (16 x 16) to s, 64 bytes a row. */
+#ifdef INFERNO_HALF_EMULATE_AMX
+#define AMX_STORE_F(T, s) emu_tile_stored(T, s, 64)
+#else
 #define AMX_STORE_F(T, s) \
     __asm__ volatile("{tilestored\t%%tmm" #T ", (%1,%2,1)|tilestored\t[%1+%2*1], %%tmm" #T "}" \
                      : "=m"(*(float(*)[256])(s)) : "r"(s), "r"((long)64))
+#endif
 
 /* attend_tile_dpbf16 on AMX-BF16 tiles: S by 64 keys (d / 32 tile products into each of four sums
    tiles), P V by 32 keys into up to 4 tiles of 16 outputs. ob [4][256] float32: scratch. */
@@ -3086,8 +3111,15 @@ static PyMethodDef functions[] = {
     {"max_threads", py_max_threads, METH_NOARGS, "max_threads() -> the most threads a call may use."},
     {NULL, NULL, 0, NULL}};
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernels",
+#ifdef INFERNO_HALF_EMULATE_AMX /* the tests' build, a module of its own (_amx_emulated.h) */
+#define MODULE_NAME "_kernels_amx_emulated"
+#define MODULE_INIT PyInit__kernels_amx_emulated
+#else
+#define MODULE_NAME "_kernels"
+#define MODULE_INIT PyInit__kernels
+#endif
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, MODULE_NAME,
                                     "inferno-gpt2-half's C kernels (see the comment at the top of _kernels.c).", -1,
                                     functions, NULL, NULL, NULL, NULL};
 
-PyMODINIT_FUNC PyInit__kernels(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC MODULE_INIT(void) { return PyModule_Create(&module); }

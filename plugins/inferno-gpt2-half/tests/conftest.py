@@ -27,3 +27,29 @@ def kernel_path(request):
         yield request.param
     finally:
         kernels.force_portable(0)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--amx-emulated", action="store_true",
+                     help="run every test on the kernels built with AMX's tiles emulated in C "
+                          "(amx_kernels.py): the AMX paths wherever a test's rows take them, on any CPU with "
+                          "AVX-512 VNNI")
+
+
+def pytest_configure(config):
+    """With --amx-emulated, the backend's kernels are the emulated build before any test module reads them."""
+    if config.getoption("--amx-emulated"):
+        from amx_kernels import amx_kernels
+
+        kernels, why, _ = amx_kernels(emulated=True)
+        if kernels is None or why:
+            raise pytest.UsageError(f"--amx-emulated: {why}")
+        hb._KERNELS = kernels
+
+
+def pytest_report_header(config):
+    """Says in the run's header how the AMX tests run here: on real tiles, emulated, or not at all."""
+    from amx_kernels import amx_kernels
+
+    _, why, how = amx_kernels(emulated=config.getoption("--amx-emulated"))
+    return f"inferno-gpt2-half's AMX paths: {how or 'not tested: ' + why}"

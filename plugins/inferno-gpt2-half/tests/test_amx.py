@@ -1,20 +1,21 @@
 """The AMX int8 path (`_kernels.c`, "AMX int8 products"): its output is the VNNI path's bit for bit, on
 every shape, with bias and GELU, with inf/NaN in an input, on 1 and 2 threads, and end to end through
-`half:dtype=int8`. Runs only where the CPU has AMX-INT8 and the OS grants tile data; elsewhere each test
-skips, saying which of the two is missing (`_kernels.amx_support()`)."""
+`half:dtype=int8`. Where the CPU has AMX-INT8 and the OS grants tile data, on the real tiles; elsewhere
+(a CPU with AVX-512 VNNI) on the tiles emulated in C (`amx_kernels.py`), which checks the paths' layouts
+and arithmetic but not the instructions; without either each test skips, saying what is missing."""
 
 from __future__ import annotations
 
 import inferno
 import numpy as np
 import pytest
+from amx_kernels import amx_kernels
 from inferno.models.config import Gpt2Config
 from inferno.testing_fixtures import write_model_dir
 
 import inferno_half.backend as hb
 
-KERNELS = hb._KERNELS
-WHY_NOT = "the C kernels are not built" if KERNELS is None else KERNELS.amx_support()
+KERNELS, WHY_NOT, _ = amx_kernels()
 pytestmark = pytest.mark.skipif(bool(WHY_NOT), reason=WHY_NOT or "AMX runs here")
 INT8 = hb.FORMATS["int8"]
 BY_ROW = INT8 | hb.FMT_ROWS  # inputs=rows: one input scale per row, the tiles at full depth
@@ -22,8 +23,10 @@ Q4 = hb.FORMATS["q4"]  # its panels unpacked to int8 tiles a task at a time
 
 
 @pytest.fixture(autouse=True)
-def default_paths():
-    """Each test leaves the detected path and the default AMX threshold behind it."""
+def default_paths(monkeypatch):
+    """Each test runs the backend on KERNELS (the emulated ones where the CPU lacks AMX) and leaves the
+    detected path and the default AMX threshold behind it."""
+    monkeypatch.setattr(hb, "_KERNELS", KERNELS)
     try:
         yield
     finally:

@@ -2,13 +2,15 @@
 products summed in float32, on AMX-BF16 tiles or, where the CPU has AVX512-BF16 without AMX (AMD Zen 4 and
 5) or AMX is switched off, on VDPBF16PS. Each path is checked against a float64 emulation of its
 roundings; each test runs on the paths this machine has and skips the others, saying what is missing
-(`_kernels.bf16_attention()`)."""
+(`_kernels.bf16_attention()`). Where the CPU lacks AMX, the AMX-BF16 path runs on the tiles emulated in C
+(`amx_kernels.py`)."""
 
 from __future__ import annotations
 
 import inferno
 import numpy as np
 import pytest
+from amx_kernels import amx_kernels
 from inferno.models.config import Gpt2Config
 from inferno.testing_fixtures import write_model_dir
 
@@ -20,17 +22,22 @@ PATHS = ["AMX-BF16", "AVX512-BF16"]
 
 
 @pytest.fixture(params=PATHS)
-def bf16_path(request):
-    """Each bfloat16 path this machine has (AVX512-BF16: AMX switched off); the defaults restored after."""
-    KERNELS.amx_rows(-1 if request.param == "AMX-BF16" else 0)
+def bf16_kernels(request, monkeypatch):
+    """The kernels for each bfloat16 path this machine has (AMX-BF16: real or emulated tiles; AVX512-BF16:
+    the installed kernels, AMX switched off), the backend's too; the defaults restored after."""
+    kernels = amx_kernels()[0] if request.param == "AMX-BF16" else KERNELS
+    if kernels is None:
+        pytest.skip(f"AMX-BF16 cannot run here: {amx_kernels()[1]}")
+    monkeypatch.setattr(hb, "_KERNELS", kernels)
+    kernels.amx_rows(-1 if request.param == "AMX-BF16" else 0)
     try:
-        path, why = KERNELS.bf16_attention()
+        path, why = kernels.bf16_attention()
         if path != request.param:
             pytest.skip(f"{request.param} cannot run here: {why}")
-        yield path
+        yield kernels
     finally:
-        KERNELS.amx_rows(-1)
-        KERNELS.force_avx2(0)
+        kernels.amx_rows(-1)
+        kernels.force_avx2(0)
 
 
 def _bf16(a: np.ndarray) -> np.ndarray:
@@ -59,7 +66,7 @@ def _attention_bf16_reference(q, k, v, offset):
                                                      (2, 2, 2, 80, 37, 64), (1, 2, 2, 66, 1, 64),
                                                      (1, 4, 2, 70, 5, 128), (1, 1, 1, 200, 0, 96)])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_bf16_attention_is_the_bfloat16_computation(bf16_path, b, h, hkv, t, offset, d, threads):
+def test_bf16_attention_is_the_bfloat16_computation(bf16_kernels, b, h, hkv, t, offset, d, threads):
     # Every query row of a tile of 16 (the last one partial), positions past the first (a chunked prompt),
     # an odd and an even number of keys (VDPBF16PS takes keys in pairs), grouped-query heads, head sizes
     # of 1 to 4 tiles of 32.
@@ -68,24 +75,26 @@ def test_bf16_attention_is_the_bfloat16_computation(bf16_path, b, h, hkv, t, off
     k = (rng.standard_normal((b, hkv, offset + t + 3, d)) * 0.5).astype(np.float32)
     v = rng.standard_normal((b, hkv, offset + t + 3, d)).astype(np.float32)
     out = np.full_like(q, np.nan)
-    assert KERNELS.attention(q, k, v, offset, out, threads, True)
+    assert bf16_kernels.attention(q, k, v, offset, out, threads, True)
     want = _attention_bf16_reference(q, k, v, offset)
     # (float32 sums in another order than float64's; a softmax weight within float32's rounding of a
     # bfloat16 tie may round the other way: a bfloat16 step of one weight, ~1e-5 of the range at most here)
     np.testing.assert_allclose(out, want, rtol=0, atol=2e-5 * np.abs(want).max())
     exact = np.full_like(q, np.nan)
-    assert KERNELS.attention(q, k, v, offset, exact, threads, False)  # float32: within bfloat16's rounding
+    # float32: within bfloat16's rounding
+    assert bf16_kernels.attention(q, k, v, offset, exact, threads, False)
     assert not np.array_equal(out, exact)
     np.testing.assert_allclose(out, exact, rtol=0, atol=2e-2 * np.abs(exact).max())
 
 
-def test_bf16_attention_declines_what_it_cannot_take(bf16_path):
+def test_bf16_attention_declines_what_it_cannot_take(bf16_kernels):
     # A head size not a multiple of 32, or a short prompt (a decode step): the float32 attention runs.
     rng = np.random.default_rng(1)
     for t, d in [(100, 48), (64, 64), (1, 64)]:
         q, k, v = (rng.standard_normal((1, 2, t, d)).astype(np.float32) for _ in range(3))
         got, want = np.empty_like(q), np.empty_like(q)
-        assert KERNELS.attention(q, k, v, 0, got, 2, True) and KERNELS.attention(q, k, v, 0, want, 2, False)
+        assert bf16_kernels.attention(q, k, v, 0, got, 2, True)
+        assert bf16_kernels.attention(q, k, v, 0, want, 2, False)
         np.testing.assert_array_equal(got, want)
 
 
@@ -113,7 +122,7 @@ def test_the_backend_names_the_bfloat16_path():
         assert "attention=bfloat16" not in runs_on and why
 
 
-def test_prefill_with_bf16_attention_is_close_to_float32(bf16_path, tmp_path):
+def test_prefill_with_bf16_attention_is_close_to_float32(bf16_kernels, tmp_path):
     config = Gpt2Config(vocab_size=50257, n_positions=128, n_embd=128, n_layer=2, n_head=2,  # heads of 64
                         bos_token_id=50256, eos_token_id=50256)
     model_dir = write_model_dir(tmp_path, config)

@@ -1,0 +1,69 @@
+"""The kernels the AMX tests run: the installed ones where this CPU has AMX, else `_kernels.c` built with
+its tiles emulated in plain C (`inferno_half/_amx_emulated.h`), so that every machine with AVX-512 VNNI
+checks the AMX paths' layouts, edges and arithmetic; only their speed needs the real tiles.
+
+The emulated build is compiled once per version of the C sources into the temporary directory (about
+15 s; a lock keeps test workers from building it twice) and imported as `_kernels_amx_emulated`.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import importlib.util
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+from types import ModuleType
+
+import inferno_half
+import inferno_half.backend as hb
+
+SOURCES = ["_kernels.c", "_kernels_q4.h", "_amx_emulated.h"]
+NAME = "_kernels_amx_emulated"
+
+
+def _build(src: Path) -> ModuleType:
+    digest = hashlib.sha256(sys.version.encode())
+    for name in SOURCES:
+        digest.update((src / name).read_bytes())
+    out = Path(tempfile.gettempdir()) / f"inferno-half-amx-emulated-{digest.hexdigest()[:16]}"
+    out.mkdir(exist_ok=True)
+    lib = out / (NAME + sysconfig.get_config_var("EXT_SUFFIX"))
+    with open(out / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not lib.exists():
+            tmp = lib.with_suffix(".tmp")
+            subprocess.run([shutil.which("cc") or "gcc", "-O2", "-ffp-contract=off", "-fopenmp", "-shared",
+                            "-fPIC", "-DINFERNO_HALF_EMULATE_AMX", f"-I{sysconfig.get_paths()['include']}",
+                            str(src / "_kernels.c"), "-o", str(tmp)], check=True, capture_output=True)
+            tmp.rename(lib)
+    spec = importlib.util.spec_from_file_location(NAME, lib)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def amx_kernels(emulated: bool = False) -> tuple[ModuleType | None, str, str]:
+    """(kernels, why not, how): the kernels whose AMX paths the tests run (the emulated ones where the CPU
+    lacks AMX, or if `emulated`), or None and why not; how says whether the tiles are real or emulated."""
+    real = hb._KERNELS
+    if real is None:
+        return None, "the C kernels are not built", ""
+    if not real.amx_support() and not emulated:
+        return real, "", "real AMX tiles"
+    why = real.amx_support() or "asked for"
+    src = Path(inferno_half.__file__).parent
+    if sys.platform != "linux" or not all((src / name).exists() for name in SOURCES):
+        return None, f"{why}, and the kernels' C sources are not here to emulate it", ""
+    if not (shutil.which("cc") or shutil.which("gcc")):
+        return None, f"{why}, and no C compiler to build the emulated tiles", ""
+    try:
+        emulated = _build(src)
+    except subprocess.CalledProcessError as exc:
+        return None, f"{why}, and the emulated build failed: {exc.stderr.decode()[-500:]}", ""
+    return (emulated, emulated.amx_support(),
+            f"AMX tiles emulated in C ({why}): the paths' arithmetic is checked, not the instructions")
