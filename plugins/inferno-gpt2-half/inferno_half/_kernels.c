@@ -2014,12 +2014,160 @@ X512B static void pack_pairs(const float *x, int64_t mc, int64_t k, const int64_
 }
 #endif
 
-/* product() of a bfloat16 weight with inputs=bfloat16 (see above): MC rows at a time, tiles of up to MR_MAX
-   rows, the panels split among the threads in tasks of TASK. Returns 0, -1 out of memory, or 1 when this
-   CPU has no VDPBF16PS path (nothing computed). */
+/* ----------------------------------------------------------------- bfloat16 inputs on AMX-BF16 tiles
+   Where the CPU has AMX-BF16, inputs=bfloat16 runs on tiles for every number of rows, one too: the tiles
+   sum in their own order (Intel leaves TDPBF16PS's rounding of its adds to the implementation), so a row
+   gets the same bits alone or batched only if it always takes them. A TDPBF16PS multiplies 16 rows by 32
+   inputs (tile A: bfloat16 rows, kp apart) into 16 outputs (tile B: the inputs in pairs,
+   [16 pairs][16 outputs][2]); each output's float32 sum runs over all of k in the tiles and is stored once,
+   then the bias and GELU (gelu16: gelu8's bits, as the other paths end). The panels' [k][32] layout is
+   interleaved into pairs ([kp / 2][32][2]) a panel at a time, by each thread into a buffer of its own
+   (tile_in16's shuffles), and every tile of rows takes that panel before the next. */
+#if HAVE_AMX
+/* Whether inputs=bfloat16 runs on AMX-BF16 tiles here: "" if so, else why not. */
+static const char *amx_in16_check(void) {
+    if (simd_path() != PATH_AVX512) return "a lesser path than AVX-512 runs";
+    return amx_bf16_check();
+}
+
+/* Panel w [k][32] → wp [kp / 2][32][2], zeros past k. */
+X512 static void pair_panel(const uint16_t *w, int64_t k, int64_t kp, uint16_t *wp) {
+    const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+    const __m512i second = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+    for (int64_t i = 0; i < kp / 2; i++) {
+        __m512i w0 = 2 * i < k ? _mm512_loadu_si512((const void *)(w + 2 * i * PANEL)) : _mm512_setzero_si512();
+        __m512i w1 = 2 * i + 1 < k ? _mm512_loadu_si512((const void *)(w + (2 * i + 1) * PANEL)) : _mm512_setzero_si512();
+        __m512i lo = _mm512_unpacklo_epi16(w0, w1), hi = _mm512_unpackhi_epi16(w0, w1);
+        _mm512_storeu_si512((void *)(wp + i * 2 * PANEL), _mm512_permutex2var_epi32(lo, first, hi));
+        _mm512_storeu_si512((void *)(wp + i * 2 * PANEL + PANEL), _mm512_permutex2var_epi32(lo, second, hi));
+    }
+}
+
+/* Rows x [m, k] → xb [mp][kp] bfloat16 (nearest even), zeros past k and in the rows from m up to mp. */
+X512 static void rows_to_bf16(const float *x, int64_t m, int64_t k, int64_t mp, int64_t kp, uint16_t *xb) {
+    for (int64_t r = 0; r < mp; r++) {
+        uint16_t *dst = xb + r * kp;
+        for (int64_t i = 0; i < kp; i += 16) {
+            int64_t left = r < m ? min64(16, k - i) : 0;
+            __mmask16 keep = left >= 16 ? (__mmask16)0xFFFF : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
+            __m512 v = _mm512_maskz_loadu_ps(keep, x + r * k + i);
+            _mm256_storeu_si256((__m256i *)(dst + i), to_bf16x16(v));
+        }
+    }
+}
+
+/* Sums tile T (16 rows x 16 outputs at col) stored to s; rows below `rows` finished into y (+ bias, GELU
+   with act), outputs below n. */
+#define AMX_IN16_OUT(T, s, rows, y, n, col, b, act) do { \
+    AMX_STORE_F(T, s); \
+    if ((col) < (n)) { \
+        __mmask16 keep = (n) - (col) >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << ((n) - (col))) - 1); \
+        __m512 bias = (b) ? _mm512_maskz_loadu_ps(keep, (b) + (col)) : _mm512_setzero_ps(); \
+        for (int r = 0; r < (rows); r++) { \
+            __m512 v = _mm512_load_ps((s) + 16 * r); \
+            if (b) v = _mm512_add_ps(v, bias); \
+            if (act) v = gelu16(v); \
+            _mm512_mask_storeu_ps((y) + r * (n) + (col), keep, v); \
+        } \
+    } } while (0)
+
+/* One paired panel wp (outputs col .. col + 31) times all rows of xb [mp][kp] (mp a multiple of 16; the
+   first m real), 32 rows a step: A tiles 0, 1, B tiles 2, 3, sums 4 to 7. */
+XAMXB static void in16_panel_amx(const uint16_t *xb, int64_t m, int64_t mp, int64_t kp, const uint16_t *wp,
+                                 const float *b, float *y, int64_t n, int64_t col, int act) {
+    float s[256] __attribute__((aligned(64)));
+    for (int64_t r0 = 0; r0 < mp; r0 += 32) {
+        const uint16_t *xa = xb + r0 * kp, *xc = xa + 16 * kp;
+        _tile_zero(4); _tile_zero(5);
+        if (r0 + 16 < mp) {
+            _tile_zero(6); _tile_zero(7);
+            for (int64_t i = 0; i < kp; i += 32) {
+                _tile_loadd(2, wp + i * PANEL, 4 * PANEL);
+                _tile_loadd(3, wp + i * PANEL + PANEL, 4 * PANEL);
+                _tile_loadd(0, xa + i, kp * 2);
+                _tile_loadd(1, xc + i, kp * 2);
+                _tile_dpbf16ps(4, 0, 2);
+                _tile_dpbf16ps(5, 0, 3);
+                _tile_dpbf16ps(6, 1, 2);
+                _tile_dpbf16ps(7, 1, 3);
+            }
+        } else {
+            for (int64_t i = 0; i < kp; i += 32) {
+                _tile_loadd(2, wp + i * PANEL, 4 * PANEL);
+                _tile_loadd(3, wp + i * PANEL + PANEL, 4 * PANEL);
+                _tile_loadd(0, xa + i, kp * 2);
+                _tile_dpbf16ps(4, 0, 2);
+                _tile_dpbf16ps(5, 0, 3);
+            }
+        }
+        int64_t ra = min64(16, m - r0), rb = min64(16, m - r0 - 16);
+        AMX_IN16_OUT(4, s, ra, y + r0 * n, n, col, b, act);
+        AMX_IN16_OUT(5, s, ra, y + r0 * n, n, col + 16, b, act);
+        if (rb > 0) {
+            AMX_IN16_OUT(6, s, rb, y + (r0 + 16) * n, n, col, b, act);
+            AMX_IN16_OUT(7, s, rb, y + (r0 + 16) * n, n, col + 16, b, act);
+        }
+    }
+}
+
+/* product_in16 on AMX-BF16: every row rounded to bfloat16 once, then the panels split among the threads in
+   tasks of TASK, each panel paired into the thread's buffer and taken by all the rows. Returns 0 or -1 (out
+   of memory). */
+XAMXB static int product_in16_amx(const float *x, int64_t m, int64_t k, const uint16_t *w, int64_t n,
+                                  const float *b, float *y, int threads, int act) {
+    int64_t count = (n + PANEL - 1) / PANEL, tasks = (count + TASK - 1) / TASK;
+    int64_t kp = (k + 31) / 32 * 32, mp = (m + 15) / 16 * 16, workers = threads > 1 ? threads : 1;
+    uint16_t *xb = aligned_alloc(64, (size_t)(mp * kp * 2));
+    uint16_t *wbuf = aligned_alloc(64, (size_t)(workers * kp * PANEL * 2));
+    if (!xb || !wbuf) { free(xb); free(wbuf); return -1; }
+    rows_to_bf16(x, m, k, mp, kp, xb);
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads((int)workers) if (workers > 1 && tasks > 1)
+#endif
+    for (int64_t t = 0; t < tasks; t++) {
+#ifdef _OPENMP
+        uint16_t *wp = wbuf + omp_get_thread_num() * kp * PANEL;
+#else
+        uint16_t *wp = wbuf;
+#endif
+        _tile_loadconfig(&AMX_FULL_CONFIG);
+        for (int64_t p = t * TASK; p < min64(count, (t + 1) * TASK); p++) {
+            pair_panel(w + p * k * PANEL, k, kp, wp);
+            in16_panel_amx(xb, m, mp, kp, wp, b, y, n, p * PANEL, act);
+        }
+        _tile_release();
+    }
+    free(xb); free(wbuf);
+    return 0;
+}
+#endif
+
+/* Which path inputs=bfloat16's products take here: BF16_AMX, BF16_AVX512 (VDPBF16PS) or 0 (float32
+   inputs); *why says why not AMX-BF16 ("" when it runs), or why neither. */
+static int in16_path(const char **why) {
+#if HAVE_AMX
+    *why = amx_in16_check();
+    if (!(*why)[0]) return BF16_AMX;
+#else
+    *why = "the compiler that built the kernels lacks AMX";
+#endif
+    const char *vdp = bf16_products_check();
+    if (!vdp[0]) return BF16_AVX512;
+    *why = vdp;
+    return 0;
+}
+
+/* product() of a bfloat16 weight with inputs=bfloat16 (see above): on AMX-BF16 tiles where the CPU has them,
+   else MC rows at a time, tiles of up to MR_MAX rows, the panels split among the threads in tasks of TASK.
+   Returns 0, -1 out of memory, or 1 when this CPU has neither path (nothing computed). */
 static int product_in16(const float *x, int64_t m, int64_t k, const uint16_t *w, int64_t n, const float *b,
                         float *y, int threads, int act) {
-    if (bf16_products_check()[0]) return 1;
+    const char *why;
+    int path = in16_path(&why);
+#if HAVE_AMX
+    if (path == BF16_AMX) return product_in16_amx(x, m, k, w, n, b, y, threads, act);
+#endif
+    if (path == 0) return 1;
 #if HAVE_BF16
     int64_t count = (n + PANEL - 1) / PANEL, tasks = (count + TASK - 1) / TASK, kh = (k + 1) / 2, gs = k * PANEL;
     uint32_t *xb = malloc(sizeof(uint32_t) * (size_t)(min64(m, MC) * kh));
@@ -3042,8 +3190,9 @@ static PyObject *py_amx_bf16_support(PyObject *self, PyObject *unused) {
 /* bf16_attention() -> (path, why): the path attention(..., bf16=True) takes now for a long prompt. */
 static PyObject *py_bf16_products(PyObject *self, PyObject *unused) {
     (void)self; (void)unused;
-    const char *why = bf16_products_check();
-    return Py_BuildValue("(ss)", why[0] ? "" : "AVX512-BF16", why);
+    const char *why;
+    int path = in16_path(&why);
+    return Py_BuildValue("(ss)", path == BF16_AMX ? "AMX-BF16" : path == BF16_AVX512 ? "AVX512-BF16" : "", why);
 }
 
 static PyObject *py_bf16_attention(PyObject *self, PyObject *unused) {
@@ -3100,8 +3249,8 @@ static PyMethodDef functions[] = {
     {"amx_bf16_support", py_amx_bf16_support, METH_NOARGS,
      "amx_bf16_support() -> '' where attention(..., bf16=True) runs on AMX-BF16 tiles, else why not."},
     {"bf16_products", py_bf16_products, METH_NOARGS,
-     "bf16_products() -> (path, why): 'AVX512-BF16' where inputs=bfloat16's products run on VDPBF16PS (else '' "
-     "and why not: their inputs stay float32)."},
+     "bf16_products() -> (path, why): 'AMX-BF16' where inputs=bfloat16's products run on AMX tiles, "
+     "'AVX512-BF16' where on VDPBF16PS (why: why not AMX), else '' and why not: their inputs stay float32."},
     {"bf16_attention", py_bf16_attention, METH_NOARGS,
      "bf16_attention() -> (path, why): 'AMX-BF16' or 'AVX512-BF16', the path attention(..., bf16=True) takes "
      "for a long prompt, or '' (then it runs in float32); why: why not AMX-BF16, or why neither."},

@@ -85,8 +85,8 @@ QUANTIZED = ("int8", "q4")
 #: quantization): a row's int32 sum then runs over all of k, which AMX's tiles do at full depth.
 INPUTS = ("blocks", "rows")
 #: bfloat16's products with their inputs rounded to bfloat16 as well (`inputs=bfloat16`), as PyTorch's
-#: bfloat16: pairs of products summed in float32 by VDPBF16PS (AVX512-BF16: twice float32 FMAs' rate), where
-#: the CPU has it (`_kernels.bf16_products()`); elsewhere the inputs stay float32.
+#: bfloat16: pairs of products summed in float32 on AMX-BF16 tiles, or by VDPBF16PS (AVX512-BF16: twice
+#: float32 FMAs' rate), where the CPU has one (`_kernels.bf16_products()`); elsewhere the inputs stay float32.
 INPUTS_BF16 = "bfloat16"
 #: The flag on int8's format code for inputs=rows (`_kernels.c`'s FMT_ROWS).
 FMT_ROWS = 16

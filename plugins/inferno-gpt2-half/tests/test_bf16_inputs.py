@@ -1,14 +1,16 @@
 """inputs=bfloat16 (`_kernels.c`, "bfloat16 inputs"): dtype=bfloat16's products with their inputs rounded
-to bfloat16 too, pairs of products summed in float32 by VDPBF16PS (AVX512-BF16). Checked against float64 on
-the same rounded operands, row by row the same in any batch, and end to end; the tests of the VDPBF16PS
-path skip where the CPU lacks it, naming what is missing (`_kernels.bf16_products()`), and there the option
-must change nothing."""
+to bfloat16 too, pairs of products summed in float32 on AMX-BF16 tiles or by VDPBF16PS (AVX512-BF16). Checked
+against float64 on the same rounded operands, row by row the same in any batch, and end to end, on each path:
+AMX-BF16 on real tiles or, where the CPU lacks AMX, on tiles emulated in C (`amx_kernels.py`); VDPBF16PS with
+AMX switched off. A path the machine lacks skips, naming what is missing (`_kernels.bf16_products()`); without
+either the option must change nothing."""
 
 from __future__ import annotations
 
 import inferno
 import numpy as np
 import pytest
+from amx_kernels import amx_kernels
 from inferno.models.config import Gpt2Config
 from inferno.testing_fixtures import write_model_dir
 from test_half import PROMPTS, _gelu64
@@ -21,13 +23,22 @@ BF16 = hb.FORMATS["bfloat16"]
 IN16 = BF16 | hb.FMT_IN16
 
 
-@pytest.fixture
-def vdpbf16():
-    """The VDPBF16PS path, where this machine has it."""
-    path, why = KERNELS.bf16_products()
-    if not path:
-        pytest.skip(f"inputs=bfloat16's AVX512-BF16 path cannot run here: {why}")
-    return path
+@pytest.fixture(params=["AMX-BF16", "AVX512-BF16"])
+def vdpbf16(request, monkeypatch):
+    """Each bfloat16 path this machine has, the backend's too: AMX-BF16 tiles (real, or emulated in C where
+    the CPU lacks AMX: `amx_kernels.py`), and VDPBF16PS (the installed kernels, AMX switched off)."""
+    kernels = amx_kernels()[0] if request.param == "AMX-BF16" else KERNELS
+    if kernels is None:
+        pytest.skip(f"inputs=bfloat16's AMX-BF16 path cannot run here: {amx_kernels()[1]}")
+    monkeypatch.setattr(hb, "_KERNELS", kernels)
+    kernels.amx_rows(-1 if request.param == "AMX-BF16" else 0)
+    try:
+        path, why = kernels.bf16_products()
+        if path != request.param:
+            pytest.skip(f"inputs=bfloat16's {request.param} path cannot run here: {why}")
+        yield path
+    finally:
+        kernels.amx_rows(-1)
 
 
 def _bf16(a: np.ndarray) -> np.ndarray:
@@ -37,7 +48,7 @@ def _bf16(a: np.ndarray) -> np.ndarray:
 
 def _product(x, w_packed, n, b, code, threads=2, gelu=False):
     y = np.full((x.shape[0], n), np.nan, np.float32)
-    assert KERNELS.matmul(x, w_packed.blocks, n, b, y, code, threads, gelu)
+    assert hb._KERNELS.matmul(x, w_packed.blocks, n, b, y, code, threads, gelu)
     return y
 
 
@@ -184,15 +195,15 @@ def test_a_llama_model_with_bfloat16_inputs(vdpbf16, variant, monkeypatch):
     config = LlamaConfig.from_dict(cfg)
     sd = llama_state_dict(cfg, seed=5)
     ids = np.random.default_rng(1).integers(0, config.vocab_size, (2, 7))
-    codes = []
+    codes, kernels = [], hb._KERNELS
 
     class Spy:  # the kernels, recording each product's format code
         def __getattr__(self, name):
-            return getattr(KERNELS, name)
+            return getattr(kernels, name)
 
         def matmul(self, *args):
             codes.append(args[5])
-            return KERNELS.matmul(*args)
+            return kernels.matmul(*args)
 
     monkeypatch.setattr(hb, "_KERNELS", Spy())
     fast = from_state_dict(config, sd, hb.HalfBackend("bfloat16", inputs="bfloat16", threads=2)).forward(ids)
