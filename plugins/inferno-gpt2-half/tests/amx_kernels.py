@@ -30,7 +30,7 @@ def _build(src: Path) -> ModuleType:
     digest = hashlib.sha256(sys.version.encode())
     for name in SOURCES:
         digest.update((src / name).read_bytes())
-    out = Path(tempfile.gettempdir()) / f"inferno-half-amx-emulated-{digest.hexdigest()[:16]}"
+    out = Path(tempfile.gettempdir()) / f"inferno-gpt2-half-amx-emulated-{digest.hexdigest()[:16]}"
     out.mkdir(exist_ok=True)
     lib = out / (NAME + sysconfig.get_config_var("EXT_SUFFIX"))
     with open(out / "lock", "w") as lock:
