@@ -604,6 +604,37 @@ def test_a_failing_leader_fails_its_group(pipe):
     engine.close()
 
 
+@pytest.mark.parametrize("prefill_chunk", [64, 3])
+def test_one_rows_failure_ends_its_sequence_only(pipe, prefill_chunk):
+    # A forward pass that fails on one row (as kv=float16 does on a key beyond float16's range, or a row's
+    # logits that are not finite): the step runs each row again alone, and only the sequence whose row
+    # fails ends, with the error; the others finish with the ids they get alone (their slots' positions
+    # written twice, the same values).
+    poison = 999
+    prompts = [[5, 6, 7, 8], [9, 10, poison, 12], [13, 14]]
+    alone = [pipe.generate(p, max_new_tokens=6, stop_at_eos=False).ids for p in prompts[::2]]
+    engine = Engine(pipe.model, slots=3, prefill_chunk=prefill_chunk, autostart=False)
+    real, calls = engine.model.forward_ragged, []
+
+    def fails_on_poison(rows, *args, **kwargs):
+        calls.append(len(rows))
+        if any(poison in list(tokens) for tokens, _, _ in rows):
+            raise ValueError("kv=float16: a key or value is beyond float16's range (65504)")
+        return real(rows, *args, **kwargs)
+
+    engine.model.forward_ragged = fails_on_poison
+    try:
+        handles = [engine.submit(p, 6) for p in prompts]
+        _drain(engine)
+    finally:
+        engine.model.forward_ragged = real
+    assert isinstance(handles[1].error, ValueError) and "65504" in str(handles[1].error)
+    assert [handles[0].result().ids, handles[2].result().ids] == alone
+    assert max(calls) == 3 and calls.count(1) >= 3  # the joint step, then its rows one at a time
+    assert engine.stats.finished == {"length": 2, "error": 1} and engine.free_slots == 3
+    engine.close()
+
+
 def test_submit_defaults_sixteen_tokens_and_does_not_block(pipe):
     engine = Engine(pipe.model, slots=1, max_queue=0, autostart=False)
     h = engine.submit([1, 2])

@@ -22,6 +22,8 @@ are needed). Free slots are overwritten least recently used first; `slots` still
 Slot-level rather than paged blocks: the backends' attention kernels read one contiguous cache per slot
 (see docs/prefix-caching-and-speculation.md).
 
+A step whose forward pass fails ends only the sequences whose rows fail (`forward.forward_rows`).
+
 Submissions and cancellations may come from any thread while the step loop runs in its own.
 """
 
@@ -36,8 +38,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from numbers import Integral
 
-import numpy as np
-
+from inferno.engine.forward import forward_rows
 from inferno.engine.handle import Handle, RunningSequence
 from inferno.engine.prefix_cache import PrefixIndex
 from inferno.engine.sequence import EngineSequence, draft_row, verify_row
@@ -489,20 +490,19 @@ class Engine:
             members.append(seq)
         if not rows:
             return
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # checked right below
-            logits = self.model.backend.to_numpy(self.model.forward_ragged(rows, self.slots, wanted))
-        self.model.check_logits(logits, sum(wanted))
+        parts = forward_rows(self.model, self.slots, rows, wanted)  # (a failed row: its error)
         self.stats.rows += len(rows)
-        for tokens, slot, offset in rows:  # what each slot now holds, for the prefix cache
-            self._prefixes.write(slot, offset, tokens)
-        k = 0
-        for seq, row, n in zip(members, rows, wanted, strict=True):
+        for seq, row, n, seq_logits in zip(members, rows, wanted, parts, strict=True):
+            if isinstance(seq_logits, BaseException):
+                self._finish(seq, None, seq_logits)
+                continue
+            tokens, slot, offset = row
+            self._prefixes.write(slot, offset, tokens)  # what the slot now holds, for the prefix cache
             start = seq.cached
-            seq.cached += len(row[0])
+            seq.cached += len(tokens)
             if not n:
                 continue
-            seq_logits = logits[k : k + n, : self.sample_limit]
-            k += n
+            seq_logits = seq_logits[:, : self.sample_limit]
             if start >= len(seq.prompt) and seq.speculation:
                 emitted, reason, error = verify_row(seq, start, seq_logits, self.stats.speculation)
                 self.stats.tokens += emitted

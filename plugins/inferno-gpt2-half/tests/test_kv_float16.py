@@ -235,3 +235,43 @@ def test_a_llama_model_on_a_float16_cache(variant):
     want = got["float32"]
     assert not np.array_equal(got["float16"], want)
     np.testing.assert_allclose(got["float16"], want, rtol=0, atol=2e-3 * np.abs(want).max())
+
+
+def test_a_sequence_whose_key_overflows_fails_alone_in_the_engine():
+    # One token of this model makes a key beyond float16's range in layer 0 (its embedding a spike in
+    # dimension 0, which no other token or position uses; the keys' weights from that dimension large; the
+    # other prompts never generate it):
+    # the sequence holding it ends with kv=float16's error, and the others of its steps finish with the
+    # ids they get alone.
+    from inferno.engine import Engine
+    from inferno.errors import BackendError
+    from inferno.models.gpt2 import Gpt2
+    from inferno.testing import random_state_dict, small_config
+
+    config = small_config(vocab_size=64, n_positions=32, n_embd=32, n_head=2)
+    sd = random_state_dict(config, seed=3)
+    poison, c = 7, config.n_embd
+    sd["wte.weight"][:, 0] = 0.0
+    sd["wpe.weight"][:, 0] = 0.0
+    sd["wte.weight"][poison] = 0.0
+    sd["wte.weight"][poison, 0] = 1000.0
+    sd["h.0.attn.c_attn.weight"][0, c : 2 * c] = 30000.0  # (GPT-2's Conv1D: [in, out]; keys at c .. 2c)
+    sd["ln_f.weight"][0] = sd["ln_f.bias"][0] = 0.0  # (the tied head: its logit 0, not 1000x the others')
+    model = Gpt2.from_weights(config, sd, backend("float16", kv="float16", threads=2))
+    prompts = [[1, 2, 3, 4], [5, 6, poison, 8], [9, 10]]
+    engine = Engine(model, slots=3, autostart=False)
+    try:
+        alone = []
+        for p in prompts[::2]:
+            h = engine.submit(p, 5)
+            while engine.step():
+                pass
+            alone.append(h.result().ids)
+        handles = [engine.submit(p, 5) for p in prompts]
+        while engine.step():
+            pass
+    finally:
+        engine.close()
+    with pytest.raises(BackendError, match=r"kv=float16: a key or value is beyond float16's range \(65504\)"):
+        handles[1].result()
+    assert [handles[0].result().ids, handles[2].result().ids] == alone
