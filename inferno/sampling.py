@@ -106,6 +106,44 @@ def top_p_candidates(z: np.ndarray, top_p: float) -> tuple[np.ndarray, float]:
         k *= 4
 
 
+#: Candidates few enough for `first_crossing` to sort outright, and the buckets it splits more into.
+CROSSING_SORT = 2048
+CROSSING_BUCKETS = 1024
+
+
+def first_crossing(z: np.ndarray, weights: np.ndarray, target: float, strict: bool) -> tuple[int, float]:
+    """In `Sampler.distribution`'s order (z descending, ties by id; z <= 0), the first id whose cumulative
+    weight reaches `target` (exceeds it, if `strict`), and that cumulative weight; (-1, 0.0) if none does.
+    The candidates go into `CROSSING_BUCKETS` buckets by value (one bincount of their weights), only the
+    bucket the crossing is in is kept, a few rounds, and only what is left is sorted: a few passes where a
+    sort of a flat distribution's whole vocabulary (a top-p cut at a high temperature keeps most of it) took
+    milliseconds. (The sums' order differs from one cumsum's in the last bits: a target within that
+    rounding of a boundary may fall on either side.)"""
+    side = "right" if strict else "left"
+    ids, before = np.arange(len(z)), 0.0
+    depth = -z  # (>= 0: the order is ascending depth)
+    finite = depth[np.isfinite(depth)]
+    lo, hi = 0.0, max(float(finite.max()) if len(finite) else 0.0, 1.0)
+    for _ in range(4):
+        if len(ids) <= CROSSING_SORT or not hi > lo:
+            break
+        scale = CROSSING_BUCKETS / (hi - lo)
+        with np.errstate(invalid="ignore"):  # (an infinite depth: the last bucket)
+            bucket = np.minimum((depth[ids] - lo) * scale, CROSSING_BUCKETS - 1).astype(np.intp)
+        mass = np.bincount(bucket, weights=weights[ids], minlength=CROSSING_BUCKETS)
+        cum = np.cumsum(np.concatenate(([before], mass)))
+        j = int(np.searchsorted(cum[1:], target, side=side))
+        if j == CROSSING_BUCKETS:
+            return -1, 0.0
+        before = float(cum[j])
+        ids = ids[bucket == j]
+        lo, hi = lo + j / scale, lo + (j + 1) / scale
+    order = ids[np.lexsort((ids, -z[ids]))]
+    cum = np.cumsum(np.concatenate(([before], weights[order])))[1:]
+    i = int(np.searchsorted(cum, target, side=side))
+    return (int(order[i]), float(cum[i])) if i < len(order) else (-1, 0.0)
+
+
 #: Weights per block of `draw`'s two-level search.
 DRAW_BLOCK = 1024
 
@@ -191,5 +229,17 @@ class Sampler:
                     z /= p.temperature
             np.exp(z, out=z)
             return draw(z, self.rng.random())
+        if not p.top_k:
+            # A top-p cut alone: the id where the sorted mass reaches top_p, then the draw's, each found
+            # without sorting the vocabulary (`first_crossing`); the same draw as `distribution` gives.
+            z = _shifted(logits)
+            if p.temperature != 1.0:
+                with np.errstate(over="ignore"):
+                    z /= p.temperature
+            weights = np.exp(z)
+            last, kept = first_crossing(z, weights, p.top_p * float(weights.sum()), strict=False)
+            if last >= 0:
+                token, _ = first_crossing(z, weights, self.rng.random() * kept, strict=True)
+                return token if token >= 0 else last
         ids, probs = self.distribution(logits)
         return int(ids[draw(probs, self.rng.random())])

@@ -9,7 +9,16 @@ import numpy as np
 import pytest
 from reference import candidates, reference_draw
 
-from inferno.sampling import DRAW_BLOCK, PRESETS, Sampler, SamplingError, SamplingParams, draw
+from inferno.sampling import (
+    CROSSING_SORT,
+    DRAW_BLOCK,
+    PRESETS,
+    Sampler,
+    SamplingError,
+    SamplingParams,
+    draw,
+    first_crossing,
+)
 
 
 def softmax(z: np.ndarray) -> np.ndarray:
@@ -215,6 +224,55 @@ def test_a_draw_picks_the_first_candidate_whose_mass_exceeds_it(top_k):
     assert sampler(np.array([-np.inf, 0.0, 0.0])) == 1
 
 
+def _sorted_crossing(z, weights, target, strict):
+    """first_crossing from its definition: sort by (z descending, id), one cumsum."""
+    order = np.lexsort((np.arange(len(z)), -z))
+    cum = np.cumsum(weights[order])
+    i = int(np.searchsorted(cum, target, side="right" if strict else "left"))
+    return (int(order[i]), float(cum[i])) if i < len(order) else (-1, 0.0)
+
+
+@pytest.mark.parametrize("n", [100, CROSSING_SORT + 1, 50257, 151936])
+@pytest.mark.parametrize("shape", ["flat", "peaked", "ties", "masked"])
+def test_first_crossing_is_the_sorted_cumulative_crossing(n, shape):
+    # Below and above the size it sorts outright; a flat row (a crossing deep in the vocabulary), a peaked
+    # one (in the first bucket), a third of the ids tied, a quarter masked to -inf (weight 0).
+    rng = np.random.default_rng(n)
+    z = rng.standard_normal(n) * (8.0 if shape == "peaked" else 1.0)
+    if shape == "ties":
+        z[rng.integers(0, n, n // 3)] = z[7]
+    if shape == "masked":
+        z[rng.integers(0, n, n // 4)] = -np.inf
+    z -= z.max()
+    weights = np.exp(z)
+    total = float(weights.sum())
+    for q in [1e-9, 0.1, 0.5, 0.9, 0.999, *rng.random(20)]:
+        for strict in (False, True):
+            got = first_crossing(z, weights, q * total, strict)
+            want = _sorted_crossing(z, weights, q * total, strict)
+            # (the same id; the cumulative weight within the rounding of sums in another order)
+            assert got[0] == want[0] and math.isclose(got[1], want[1], rel_tol=1e-12), (q, strict)
+    assert first_crossing(z, weights, 2 * total, False) == (-1, 0.0)
+
+
+@pytest.mark.parametrize("n", [3000, 50257, 151936])
+@pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 0.9), (2.0, 0.5), (0.7, 0.95), (100.0, 0.9),
+                                                    (0.05, 0.9), (1.5, 0.1)])
+def test_a_top_p_draw_is_the_draw_from_its_sorted_distribution(n, temperature, top_p):
+    # The fast path of a top-p cut alone (no sort of the vocabulary) picks the id that `distribution`'s
+    # sorted candidates and one draw pick, for the same random numbers: flat rows where the cut keeps most
+    # of a vocabulary, ties, masked ids.
+    rng = np.random.default_rng(n)
+    logits = (rng.standard_normal(n) * 2).astype(np.float32)
+    logits[rng.integers(0, n, n // 5)] = logits[3]
+    logits[rng.integers(0, n, n // 7)] = -np.inf
+    fast = Sampler(SamplingParams(temperature=temperature, top_p=top_p, seed=5))
+    slow = Sampler(SamplingParams(temperature=temperature, top_p=top_p, seed=5))
+    for _ in range(25):
+        ids, probs = slow.distribution(logits)
+        assert fast(logits) == int(ids[draw(probs, slow.rng.random())])
+
+
 def test_top_p_1_keeps_candidates_whose_probability_rounds_away():
     # 1 - 2e-22 rounds to 1.0: a cut at top_p = 1 would stop after the first candidate.
     sampler = Sampler(SamplingParams(temperature=1.0, top_k=2, top_p=1.0))
@@ -222,10 +280,11 @@ def test_top_p_1_keeps_candidates_whose_probability_rounds_away():
     assert ids.tolist() == [0, 1] and probs[1] > 0
 
 
-@pytest.mark.parametrize("top_k", [0, 3])
-def test_tiny_temperatures_do_not_warn(top_k):
-    logits = np.random.default_rng(9).standard_normal(100) * 5
-    sampler = Sampler(SamplingParams(temperature=1e-320, top_k=top_k, seed=0))
+@pytest.mark.parametrize(("top_k", "top_p", "n"),
+                         [(0, 1.0, 100), (3, 1.0, 100), (0, 0.9, 100), (0, 0.9, 50257)])
+def test_tiny_temperatures_do_not_warn(top_k, top_p, n):
+    logits = np.random.default_rng(9).standard_normal(n) * 5
+    sampler = Sampler(SamplingParams(temperature=1e-320, top_k=top_k, top_p=top_p, seed=0))
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # an overflow to -inf far below the maximum is expected, silently
         assert sampler(logits) == int(np.argmax(logits))
