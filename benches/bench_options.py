@@ -8,8 +8,9 @@
 * score-256: `Pipeline.score` of 256 token ids (one window: a forward with the logits of 255 positions,
   then the float64 log-softmax), for every registered backend;
 * step-32: 32 `SequenceState.step` calls on 50257-wide logits rows, plain and with every option, greedy,
-  sampled and at temperature 1 without a cut (a draw over the whole vocabulary), without a model (what
-  the options add to decode steps; backend-independent).
+  sampled and at temperature 1 without a cut (a draw over the whole vocabulary), with a top-p cut alone
+  (0.9 at temperature 1; 0.95 at temperature 3, where the cut keeps most of the vocabulary), without a
+  model (what the options add to decode steps; backend-independent).
 
 For the side-by-side ratios against plain decode and prefill, see ``options_overhead.py``.
 """
@@ -32,7 +33,9 @@ ALL_OPTIONS = {"logprobs": 5, "stop": ["\n\n\n", "###", "<END>", "Q:"], "repetit
                "presence_penalty": 0.5, "frequency_penalty": 0.5,
                "logit_bias": {50256: -100.0, 198: -5.0, 13: 2.0, 262: 1.5}}
 SAMPLERS = {"greedy": {}, "sampled": {"temperature": 0.8, "top_k": 40, "seed": 1},
-            "temperature-1": {"temperature": 1.0, "seed": 1}}  # (the OpenAI API's default: no cut)
+            "temperature-1": {"temperature": 1.0, "seed": 1},  # (the OpenAI API's default: no cut)
+            "top-p": {"temperature": 1.0, "top_p": 0.9, "seed": 1},
+            "top-p-hot": {"temperature": 3.0, "top_p": 0.95, "seed": 1}}  # (a flat row: the cut keeps most)
 
 
 @pytest.fixture(scope="module")
