@@ -1,12 +1,13 @@
-"""`half:dtype=bfloat16`'s products with float32 inputs against `inputs=bfloat16` (VDPBF16PS), side by side
-in ONE run (#44: AVX512-BF16 dot products on CPUs that have them).
+"""`half:dtype=bfloat16`'s products with float32 inputs against `inputs=bfloat16` (VDPBF16PS, or AMX-BF16
+tiles where the CPU has them), side by side in ONE run (#44: bfloat16 dot products on CPUs that have them).
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benches/bf16_products.py [--rounds 5] [--threads 2]
 
 Random weights of the GPT-2 124M shape's four products (seeded), m = 1, 16, 96 and 1000 rows: each round
 times both, in turn, each the best of `--repeat` calls of `_kernels.matmul`; the table shows the medians
 over rounds, GFLOP/s, and the median (range) of the per-round ratios float32 time / bfloat16 time (above 1:
-bfloat16 inputs are faster). Where the CPU has no VDPBF16PS path the script says why and stops.
+bfloat16 inputs are faster), and which path ran. Where the CPU has neither path the script says why and
+stops.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     kernels = hb._KERNELS
     path, why = kernels.bf16_products() if kernels is not None else ("", "the C kernels are not built")
     if not path:
-        print(f"inputs=bfloat16 has no VDPBF16PS path here: {why}", file=sys.stderr)
+        print(f"inputs=bfloat16 has no bfloat16 path here: {why}", file=sys.stderr)
         return 1
     bf16 = hb.FORMATS["bfloat16"]
     codes = {"float32 inputs": bf16, "bfloat16 inputs": bf16 | hb.FMT_IN16}

@@ -1732,9 +1732,17 @@ static int attend_blocked(int64_t b, int64_t h, int64_t hkv, int64_t t, int64_t 
 #include <cpuid.h>
 #define X512B __attribute__((target("avx512bf16,avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
 
+/* CPUID once per process: asked on every product and attention call, it costs microseconds in a virtual
+   machine (the instruction traps to the hypervisor). */
 static int cpu_has_avx512_bf16(void) {
-    unsigned a, b, c, d;
-    return cpu_has_avx512() && __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5));
+    static int has = -1;
+    int h = __atomic_load_n(&has, __ATOMIC_RELAXED);
+    if (h < 0) {
+        unsigned a, b, c, d;
+        h = cpu_has_avx512() && __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5));
+        __atomic_store_n(&has, h, __ATOMIC_RELAXED);
+    }
+    return h;
 }
 
 /* 16 float32 → bfloat16 (nearest, ties to even, as to_bf16), each in the low half of a 32-bit lane. */
@@ -1847,8 +1855,14 @@ X512B static void attend_tile_dpbf16(const uint32_t *qp, const uint16_t *kt, con
 static const char *amx_bf16_check(void) {
     if (amx_min_rows == 0) return "AMX is switched off (amx_rows(0), INFERNO_HALF_ISA=avx512)";
 #ifndef INFERNO_HALF_EMULATE_AMX
-    unsigned a, b, c, d;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 22))) return "CPU lacks AMX-BF16";
+    static int has = -1;  /* (CPUID once: see cpu_has_avx512_bf16) */
+    int h = __atomic_load_n(&has, __ATOMIC_RELAXED);
+    if (h < 0) {
+        unsigned a, b, c, d;
+        h = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 22));
+        __atomic_store_n(&has, h, __ATOMIC_RELAXED);
+    }
+    if (!h) return "CPU lacks AMX-BF16";
 #endif
     return amx_support();
 }
