@@ -16,8 +16,11 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+
+import pytest
 
 import inferno_half
 import inferno_half.backend as hb
@@ -67,3 +70,23 @@ def amx_kernels(emulated: bool = False) -> tuple[ModuleType | None, str, str]:
         return None, f"{why}, and the emulated build failed: {exc.stderr.decode()[-500:]}", ""
     return (emulated, emulated.amx_support(),
             f"AMX tiles emulated in C ({why}): the paths' arithmetic is checked, not the instructions")
+
+
+def bf16_path_kernels(path: str, monkeypatch: pytest.MonkeyPatch, which: str) -> Iterator[ModuleType]:
+    """A fixture's body: the kernels for bfloat16 path `path` of `which` ("bf16_attention" or
+    "bf16_products"), the backend's too: "AMX-BF16" on real or emulated tiles (`amx_kernels`),
+    "AVX512-BF16" on the installed kernels with AMX switched off. Skips where the machine lacks the path,
+    saying why; the defaults restored after."""
+    kernels = amx_kernels()[0] if path == "AMX-BF16" else hb._KERNELS
+    if kernels is None:
+        pytest.skip(f"{path} cannot run here: {amx_kernels()[1]}")
+    monkeypatch.setattr(hb, "_KERNELS", kernels)
+    kernels.amx_rows(-1 if path == "AMX-BF16" else 0)
+    try:
+        runs, why = getattr(kernels, which)()
+        if runs != path:
+            pytest.skip(f"{which}'s {path} path cannot run here: {why}")
+        yield kernels
+    finally:
+        kernels.amx_rows(-1)
+        kernels.force_avx2(0)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import inferno
 import numpy as np
 import pytest
-from amx_kernels import amx_kernels
+from amx_kernels import bf16_path_kernels
 from inferno.models.config import Gpt2Config
 from inferno.testing_fixtures import write_model_dir
 
@@ -23,21 +23,8 @@ PATHS = ["AMX-BF16", "AVX512-BF16"]
 
 @pytest.fixture(params=PATHS)
 def bf16_kernels(request, monkeypatch):
-    """The kernels for each bfloat16 path this machine has (AMX-BF16: real or emulated tiles; AVX512-BF16:
-    the installed kernels, AMX switched off), the backend's too; the defaults restored after."""
-    kernels = amx_kernels()[0] if request.param == "AMX-BF16" else KERNELS
-    if kernels is None:
-        pytest.skip(f"AMX-BF16 cannot run here: {amx_kernels()[1]}")
-    monkeypatch.setattr(hb, "_KERNELS", kernels)
-    kernels.amx_rows(-1 if request.param == "AMX-BF16" else 0)
-    try:
-        path, why = kernels.bf16_attention()
-        if path != request.param:
-            pytest.skip(f"{request.param} cannot run here: {why}")
-        yield kernels
-    finally:
-        kernels.amx_rows(-1)
-        kernels.force_avx2(0)
+    """The kernels of each bfloat16 path this machine has (`amx_kernels.bf16_path_kernels`)."""
+    yield from bf16_path_kernels(request.param, monkeypatch, "bf16_attention")
 
 
 def _bf16(a: np.ndarray) -> np.ndarray:

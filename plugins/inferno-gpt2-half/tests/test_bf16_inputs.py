@@ -10,7 +10,7 @@ from __future__ import annotations
 import inferno
 import numpy as np
 import pytest
-from amx_kernels import amx_kernels
+from amx_kernels import bf16_path_kernels
 from inferno.models.config import Gpt2Config
 from inferno.testing_fixtures import write_model_dir
 from test_half import PROMPTS, _gelu64
@@ -24,21 +24,9 @@ IN16 = BF16 | hb.FMT_IN16
 
 
 @pytest.fixture(params=["AMX-BF16", "AVX512-BF16"])
-def vdpbf16(request, monkeypatch):
-    """Each bfloat16 path this machine has, the backend's too: AMX-BF16 tiles (real, or emulated in C where
-    the CPU lacks AMX: `amx_kernels.py`), and VDPBF16PS (the installed kernels, AMX switched off)."""
-    kernels = amx_kernels()[0] if request.param == "AMX-BF16" else KERNELS
-    if kernels is None:
-        pytest.skip(f"inputs=bfloat16's AMX-BF16 path cannot run here: {amx_kernels()[1]}")
-    monkeypatch.setattr(hb, "_KERNELS", kernels)
-    kernels.amx_rows(-1 if request.param == "AMX-BF16" else 0)
-    try:
-        path, why = kernels.bf16_products()
-        if path != request.param:
-            pytest.skip(f"inputs=bfloat16's {request.param} path cannot run here: {why}")
-        yield path
-    finally:
-        kernels.amx_rows(-1)
+def bf16_kernels(request, monkeypatch):
+    """The kernels of each bfloat16 path this machine has (`amx_kernels.bf16_path_kernels`)."""
+    yield from bf16_path_kernels(request.param, monkeypatch, "bf16_products")
 
 
 def _bf16(a: np.ndarray) -> np.ndarray:
@@ -54,7 +42,7 @@ def _product(x, w_packed, n, b, code, threads=2, gelu=False):
 
 @pytest.mark.parametrize("m", [1, 2, 3, 12, 13, 25, 97, 200])
 @pytest.mark.parametrize("n, k", [(64, 32), (33, 5), (100, 77), (96, 768), (1, 1)])
-def test_product_is_float32_sums_of_the_bfloat16_operands(vdpbf16, m, n, k):
+def test_product_is_float32_sums_of_the_bfloat16_operands(bf16_kernels, m, n, k):
     # One row to more than an MC chunk, odd k (the last pair half empty), n not a multiple of a panel:
     # within float32's rounding of the exact sum of the rounded operands (k sums at most).
     rng = np.random.default_rng(m * 100 + k)
@@ -68,7 +56,7 @@ def test_product_is_float32_sums_of_the_bfloat16_operands(vdpbf16, m, n, k):
     assert np.all(np.abs(y - want) <= bound), float(np.max(np.abs(y - want) - bound))
 
 
-def test_the_gelu_and_no_bias_ends(vdpbf16):
+def test_the_gelu_and_no_bias_ends(bf16_kernels):
     rng = np.random.default_rng(3)
     x = rng.standard_normal((20, 96)).astype(np.float32)
     w = hb.pack((rng.standard_normal((70, 96)) * 0.3).astype(np.float32), "bfloat16")
@@ -77,7 +65,7 @@ def test_the_gelu_and_no_bias_ends(vdpbf16):
                                rtol=1e-5, atol=1e-6)
 
 
-def test_a_row_gets_the_same_bits_in_any_batch_and_thread_count(vdpbf16):
+def test_a_row_gets_the_same_bits_in_any_batch_and_thread_count(bf16_kernels):
     rng = np.random.default_rng(4)
     x = rng.standard_normal((40, 768)).astype(np.float32)
     w = hb.pack((rng.standard_normal((300, 768)) * 0.05).astype(np.float32), "bfloat16")
@@ -129,7 +117,7 @@ def _composed(be, x, w_attn, b_attn, w_proj, b_proj, n_head, code):
 
 
 @pytest.mark.parametrize("t", [1, 5, 100])
-def test_the_fused_calls_take_bfloat16_inputs(vdpbf16, t):
+def test_the_fused_calls_take_bfloat16_inputs(bf16_kernels, t):
     # The decode block (t = 1, 5), a prompt through it (100: tiled attention), the ragged step and the MLP
     # run their products on bfloat16 inputs: as composed of the IN16 products (up to the attention's sum
     # order), not of float32 inputs' products.
@@ -164,7 +152,7 @@ def test_the_fused_calls_take_bfloat16_inputs(vdpbf16, t):
     np.testing.assert_array_equal(be.lm_head(x, w_fc)[0], _product(x[0], w_fc, 4 * c, None, IN16))
 
 
-def test_a_model_with_bfloat16_inputs_is_within_their_rounding_of_float32_inputs(vdpbf16, small_model):
+def test_a_model_with_bfloat16_inputs_is_within_their_rounding_of_float32_inputs(bf16_kernels, small_model):
     ids = list(np.random.default_rng(8).integers(0, 50257, 90))
     fast = inferno.load(small_model, "half:dtype=bfloat16,inputs=bfloat16", download=False).logits(ids)
     exact = inferno.load(small_model, "half:dtype=bfloat16", download=False).logits(ids)
@@ -172,7 +160,7 @@ def test_a_model_with_bfloat16_inputs_is_within_their_rounding_of_float32_inputs
     np.testing.assert_allclose(fast, exact, rtol=0, atol=1e-2 * np.abs(exact).max())
 
 
-def test_batched_sequences_get_the_ids_they_get_alone(vdpbf16, small_model, monkeypatch):
+def test_batched_sequences_get_the_ids_they_get_alone(bf16_kernels, small_model, monkeypatch):
     from inferno.backends.numpy_backend import NumpyBackend
 
     pipe = inferno.load(small_model, "half:dtype=bfloat16,inputs=bfloat16", download=False)
@@ -184,7 +172,7 @@ def test_batched_sequences_get_the_ids_they_get_alone(vdpbf16, small_model, monk
 
 
 @pytest.mark.parametrize("variant", ["qwen3", "llama-gqa4-bias"])
-def test_a_llama_model_with_bfloat16_inputs(vdpbf16, variant, monkeypatch):
+def test_a_llama_model_with_bfloat16_inputs(bf16_kernels, variant, monkeypatch):
     # The Llama family's projections and gated MLP go through the same products (its BF16 checkpoints are
     # what the option is for): each product of the model takes bfloat16 inputs, and the logits stay within
     # their rounding of float32 inputs'.
