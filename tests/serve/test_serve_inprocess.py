@@ -88,6 +88,45 @@ def test_an_engine_failure_mid_stream_is_an_error_event_then_done(flaky_pipe):
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 10
 
 
+def test_a_request_that_breaks_the_numbers_fails_alone(small_model_dir, monkeypatch):
+    # A prompt holding a token that makes its row fail (as a key beyond kv=float16's range does) is a 500
+    # in OpenAI's shape naming the cause, while a stream that shares its steps goes on to its end.
+    poison = 31337
+    pipe = inferno.load(small_model_dir, "numpy", download=False)
+    real, rows_seen = pipe.model.forward_ragged, []
+
+    def forward_ragged(rows, *args, **kwargs):
+        rows_seen.append(len(rows))
+        if any(poison in list(tokens) for tokens, _, _ in rows):
+            raise ValueError("kv=float16: a key or value is beyond float16's range (65504)")
+        return real(rows, *args, **kwargs)
+
+    monkeypatch.setattr(pipe.model, "forward_ragged", forward_ragged)
+    with TestClient(create_app(ServeConfig(model_id="m", slots=4), pipeline=pipe)) as c:
+        events: list[str] = []
+        body = {"prompt": "a", "max_tokens": 60, "stream": True, "ignore_eos": True}
+        started = threading.Event()
+
+        def stream() -> None:
+            with c.stream("POST", "/v1/completions", json=body) as r:
+                for e in sse_data(r.iter_lines()):
+                    events.append(e)
+                    started.set()
+
+        t = threading.Thread(target=stream)
+        t.start()
+        assert started.wait(30)
+        r = c.post("/v1/completions", json={"prompt": [5, poison, 7], "max_tokens": 5})
+        t.join(60)
+        assert r.status_code == 500, r.text
+        error = r.json()["error"]
+        assert error["type"] == "server_error" and "generation failed" in error["message"]
+        assert "65504" in error["message"]
+    assert events[-1] == "[DONE]" and all("error" not in e for e in events)
+    assert json.loads(events[-2])["choices"][0]["finish_reason"] == "length"
+    assert max(rows_seen) == 2  # the poisoned prompt shared a step with the stream
+
+
 def test_apps_have_their_own_metrics(small_pipe):
     apps = [create_app(ServeConfig(model_id=f"m{k}"), pipeline=small_pipe) for k in range(2)]
     with TestClient(apps[0]) as a, TestClient(apps[1]) as b:
