@@ -2131,6 +2131,7 @@ XAMXB static int product_in16_amx(const float *x, int64_t m, int64_t k, const ui
                                   const float *b, float *y, int threads, int act) {
     int64_t count = (n + PANEL - 1) / PANEL, tasks = (count + TASK - 1) / TASK;
     int64_t kp = (k + 31) / 32 * 32, mp = (m + 15) / 16 * 16, workers = threads > 1 ? threads : 1;
+    if (m < 1) return 0;
     uint16_t *xb = aligned_alloc(64, (size_t)(mp * kp * 2));
     uint16_t *wbuf = aligned_alloc(64, (size_t)(workers * kp * PANEL * 2));
     if (!xb || !wbuf) { free(xb); free(wbuf); return -1; }
@@ -3201,7 +3202,7 @@ static PyObject *py_amx_bf16_support(PyObject *self, PyObject *unused) {
 #endif
 }
 
-/* bf16_attention() -> (path, why): the path attention(..., bf16=True) takes now for a long prompt. */
+/* bf16_products() -> (path, why): the path inputs=bfloat16's products take now. */
 static PyObject *py_bf16_products(PyObject *self, PyObject *unused) {
     (void)self; (void)unused;
     const char *why;
@@ -3209,6 +3210,7 @@ static PyObject *py_bf16_products(PyObject *self, PyObject *unused) {
     return Py_BuildValue("(ss)", path == BF16_AMX ? "AMX-BF16" : path == BF16_AVX512 ? "AVX512-BF16" : "", why);
 }
 
+/* bf16_attention() -> (path, why): the path attention(..., bf16=True) takes now for a long prompt. */
 static PyObject *py_bf16_attention(PyObject *self, PyObject *unused) {
     (void)self; (void)unused;
     const char *why;

@@ -9,6 +9,7 @@ The emulated build is compiled once per version of the C sources into the tempor
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import importlib.util
 import shutil
@@ -27,6 +28,8 @@ import inferno_half.backend as hb
 
 SOURCES = ["_kernels.c", "_kernels_q4.h", "_amx_emulated.h"]
 NAME = "_kernels_amx_emulated"
+#: The installed kernels, as imported (before `--amx-emulated` or a fixture puts others in the backend).
+INSTALLED = hb._KERNELS
 
 
 def _build(src: Path) -> ModuleType:
@@ -50,10 +53,11 @@ def _build(src: Path) -> ModuleType:
     return module
 
 
+@functools.cache
 def amx_kernels(emulated: bool = False) -> tuple[ModuleType | None, str, str]:
     """(kernels, why not, how): the kernels whose AMX paths the tests run (the emulated ones where the CPU
     lacks AMX, or if `emulated`), or None and why not; how says whether the tiles are real or emulated."""
-    real = hb._KERNELS
+    real = INSTALLED
     if real is None:
         return None, "the C kernels are not built", ""
     if not real.amx_support() and not emulated:
@@ -65,10 +69,10 @@ def amx_kernels(emulated: bool = False) -> tuple[ModuleType | None, str, str]:
     if not (shutil.which("cc") or shutil.which("gcc")):
         return None, f"{why}, and no C compiler to build the emulated tiles", ""
     try:
-        emulated = _build(src)
+        module = _build(src)
     except subprocess.CalledProcessError as exc:
         return None, f"{why}, and the emulated build failed: {exc.stderr.decode()[-500:]}", ""
-    return (emulated, emulated.amx_support(),
+    return (module, module.amx_support(),
             f"AMX tiles emulated in C ({why}): the paths' arithmetic is checked, not the instructions")
 
 
@@ -77,7 +81,7 @@ def bf16_path_kernels(path: str, monkeypatch: pytest.MonkeyPatch, which: str) ->
     "bf16_products"), the backend's too: "AMX-BF16" on real or emulated tiles (`amx_kernels`),
     "AVX512-BF16" on the installed kernels with AMX switched off. Skips where the machine lacks the path,
     saying why; the defaults restored after."""
-    kernels = amx_kernels()[0] if path == "AMX-BF16" else hb._KERNELS
+    kernels = amx_kernels()[0] if path == "AMX-BF16" else INSTALLED
     if kernels is None:
         pytest.skip(f"{path} cannot run here: {amx_kernels()[1]}")
     monkeypatch.setattr(hb, "_KERNELS", kernels)
