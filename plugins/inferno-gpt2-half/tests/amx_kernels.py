@@ -2,8 +2,8 @@
 its tiles emulated in plain C (`inferno_half/_amx_emulated.h`), so that every machine with AVX-512 VNNI
 checks the AMX paths' layouts, edges and arithmetic; only their speed needs the real tiles.
 
-The emulated build is compiled once per version of the C sources into the temporary directory (about
-15 s; a lock keeps test workers from building it twice) and imported as `_kernels_amx_emulated`.
+The emulated build is compiled once per version of the C sources into the temporary directory (a lock
+keeps test workers from building it twice) and imported as `_kernels_amx_emulated`.
 """
 
 from __future__ import annotations
