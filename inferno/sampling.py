@@ -73,6 +73,16 @@ def _shifted(logits: np.ndarray) -> np.ndarray:
     return z
 
 
+def _tempered(logits: np.ndarray, temperature: float) -> np.ndarray:
+    """`_shifted` logits divided by the temperature (not at 0, greedy's, nor at 1, which changes nothing).
+    Shifted before dividing so that a tiny temperature cannot overflow to inf - inf."""
+    z = _shifted(logits)
+    if temperature and temperature != 1.0:
+        with np.errstate(over="ignore"):  # far below the maximum at a tiny temperature: -inf, weight 0
+            z /= temperature
+    return z
+
+
 #: Logits per block whose maxima bound `top_k_candidates`' search.
 TOP_K_BLOCK = 64
 
@@ -191,12 +201,8 @@ class Sampler:
         in order (no sort of the whole vocabulary per token).
         """
         p = self.params
-        # Work in float64 so that top-p sums and the draw do not depend on float32 rounding; subtract
-        # the maximum before dividing so that a tiny temperature cannot overflow to inf - inf.
-        z = _shifted(logits)
-        if p.temperature:
-            with np.errstate(over="ignore"):  # far below the maximum at a tiny temperature: -inf, weight 0
-                z /= p.temperature
+        # Work in float64 so that top-p sums and the draw do not depend on float32 rounding.
+        z = _tempered(logits, p.temperature)
         ids, total = None, None
         if 0 < p.top_k < z.shape[0]:
             ids = top_k_candidates(z, p.top_k)
@@ -220,22 +226,15 @@ class Sampler:
         p = self.params
         if p.greedy:
             return int(np.argmax(logits))
-        if not p.top_k and p.top_p >= 1.0:
-            # No cut: the distribution over every id in order, built in place in one float64 array
-            # (the same draw as `distribution` gives, with a fraction of its passes over the vocabulary).
-            z = _shifted(logits)
-            if p.temperature != 1.0:
-                with np.errstate(over="ignore"):
-                    z /= p.temperature
-            np.exp(z, out=z)
-            return draw(z, self.rng.random())
         if not p.top_k:
+            z = _tempered(logits, p.temperature)
+            if p.top_p >= 1.0:
+                # No cut: the distribution over every id in order, built in place in one float64 array
+                # (the same draw as `distribution` gives, with a fraction of its passes over the vocabulary).
+                np.exp(z, out=z)
+                return draw(z, self.rng.random())
             # A top-p cut alone: the id where the sorted mass reaches top_p, then the draw's, each found
             # without sorting the vocabulary (`first_crossing`); the same draw as `distribution` gives.
-            z = _shifted(logits)
-            if p.temperature != 1.0:
-                with np.errstate(over="ignore"):
-                    z /= p.temperature
             weights = np.exp(z)
             last, kept = first_crossing(z, weights, p.top_p * float(weights.sum()), strict=False)
             if last >= 0:
