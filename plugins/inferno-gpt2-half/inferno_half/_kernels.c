@@ -197,6 +197,7 @@ static void panels_portable(const float *x, int64_t m, int64_t k, const uint16_t
 
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
 #define HAVE_X86 1
+#include <cpuid.h>
 #include <immintrin.h>
 
 #define X86 __attribute__((target("avx2,fma,f16c")))
@@ -467,6 +468,22 @@ static int cpu_has_avx512(void) {
     __builtin_cpu_init();
     return cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
            && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+}
+
+/* CPUID leaf 7's registers {eax, ebx, ecx, edx} of subleaf `sub` (0 or 1; all zero where the CPU has no
+   leaf 7), asked once per process: the features GCC's __builtin_cpu_supports does not know are checked on
+   every product and attention call, and CPUID traps to the hypervisor in a virtual machine (microseconds
+   an instruction). */
+static const unsigned *cpuid7(unsigned sub) {
+    static unsigned regs[2][4];
+    static int asked[2];
+    if (!__atomic_load_n(&asked[sub], __ATOMIC_ACQUIRE)) {
+        unsigned r[4] = {0, 0, 0, 0};
+        (void)__get_cpuid_count(7, sub, &r[0], &r[1], &r[2], &r[3]);  /* (untouched without leaf 7) */
+        memcpy(regs[sub], r, sizeof r);
+        __atomic_store_n(&asked[sub], 1, __ATOMIC_RELEASE);
+    }
+    return regs[sub];
 }
 #else
 #define HAVE_X86 0
@@ -823,7 +840,6 @@ static int cpu_has_vnni(void) {
 #endif
 
 #if HAVE_AMX
-#include <cpuid.h>
 #ifdef __linux__
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -854,7 +870,7 @@ static const char *amx_check(void) {
     return cpu_has_vnni() ? "" : "CPU lacks AVX-512 VNNI (the emulated tiles' surroundings need it)";
 #else
     unsigned a, b, c, d;
-    if (!cpu_has_vnni() || !__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << 25)))
+    if (!cpu_has_vnni() || !(cpuid7(0)[3] & (1u << 24)) || !(cpuid7(0)[3] & (1u << 25)))
         return "CPU lacks AMX-INT8";
     if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return "the OS does not enable AMX tile state";
     uint32_t lo, hi;
@@ -1729,21 +1745,9 @@ static int attend_blocked(int64_t b, int64_t h, int64_t hkv, int64_t t, int64_t 
 #define BF16_AMX 2
 
 #if HAVE_BF16
-#include <cpuid.h>
 #define X512B __attribute__((target("avx512bf16,avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
 
-/* CPUID once per process: asked on every product and attention call, it costs microseconds in a virtual
-   machine (the instruction traps to the hypervisor). */
-static int cpu_has_avx512_bf16(void) {
-    static int has = -1;
-    int h = __atomic_load_n(&has, __ATOMIC_RELAXED);
-    if (h < 0) {
-        unsigned a, b, c, d;
-        h = cpu_has_avx512() && __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5));
-        __atomic_store_n(&has, h, __ATOMIC_RELAXED);
-    }
-    return h;
-}
+static int cpu_has_avx512_bf16(void) { return cpu_has_avx512() && (cpuid7(1)[0] & (1u << 5)); }
 
 /* 16 float32 → bfloat16 (nearest, ties to even, as to_bf16), each in the low half of a 32-bit lane. */
 X512 static inline __m512i bf16_lanes(__m512 v) {
@@ -1855,14 +1859,7 @@ X512B static void attend_tile_dpbf16(const uint32_t *qp, const uint16_t *kt, con
 static const char *amx_bf16_check(void) {
     if (amx_min_rows == 0) return "AMX is switched off (amx_rows(0), INFERNO_HALF_ISA=avx512)";
 #ifndef INFERNO_HALF_EMULATE_AMX
-    static int has = -1;  /* (CPUID once: see cpu_has_avx512_bf16) */
-    int h = __atomic_load_n(&has, __ATOMIC_RELAXED);
-    if (h < 0) {
-        unsigned a, b, c, d;
-        h = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 22));
-        __atomic_store_n(&has, h, __ATOMIC_RELAXED);
-    }
-    if (!h) return "CPU lacks AMX-BF16";
+    if (!(cpuid7(0)[3] & (1u << 22))) return "CPU lacks AMX-BF16";
 #endif
     return amx_support();
 }
