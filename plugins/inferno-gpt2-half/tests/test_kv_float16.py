@@ -240,9 +240,8 @@ def test_a_llama_model_on_a_float16_cache(variant):
 def test_a_sequence_whose_key_overflows_fails_alone_in_the_engine():
     # One token of this model makes a key beyond float16's range in layer 0 (its embedding a spike in
     # dimension 0, which no other token or position uses; the keys' weights from that dimension large; the
-    # other prompts never generate it):
-    # the sequence holding it ends with kv=float16's error, and the others of its steps finish with the
-    # ids they get alone.
+    # other prompts never generate it): the sequence holding it ends with kv=float16's error, and the
+    # others of its steps finish with the ids they get alone.
     from inferno.engine import Engine
     from inferno.errors import BackendError
     from inferno.models.gpt2 import Gpt2
