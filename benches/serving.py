@@ -9,7 +9,9 @@
     python benches/serving.py --backend half --backend "half --prefill-chunk 256" --levels 16  # serve flags
 
 Each client sends `--rounds` streaming requests one after another: a prompt of `--prompt-tokens` random
-token ids (a different one per client and round) and `--new-tokens` new tokens (ignore_eos, so every
+token ids (a different one per client, round and run, the warm-up's too, and drawn from a new `--seed`
+each invocation unless given, so that no prompt is found in the server's automatic prefix cache: a
+repeat does the work of the first) and `--new-tokens` new tokens (ignore_eos, so every
 request generates them all). The server (started here unless --url) has as many slots as the largest
 level. TTFT is measured from sending the request to the first token's chunk; ITL between consecutive
 token chunks of one request; output tok/s is all new tokens of a level over its wall time. Prints a
@@ -112,7 +114,9 @@ async def one_request(client, body: dict) -> tuple[float, list[float], int]:
     return (first if first is not None else float("nan")), gaps, tokens
 
 
-async def run_level(url: str, clients: int, rounds: int, args: argparse.Namespace) -> dict:
+async def run_level(url: str, clients: int, rounds: int, args: argparse.Namespace, run: int) -> dict:
+    """One level: `clients` streaming clients, `rounds` requests each. `run` numbers the calls of one
+    benchmark, which draw their prompts from their own seeds."""
     import httpx
 
     from inferno.bench import prompt_ids
@@ -122,7 +126,7 @@ async def run_level(url: str, clients: int, rounds: int, args: argparse.Namespac
         async def worker(k: int) -> list[tuple[float, list[float], int]]:
             out = []
             for r in range(rounds):
-                prompt = prompt_ids(args.prompt_tokens, 50257, seed=1000 * k + r)
+                prompt = prompt_ids(args.prompt_tokens, 50257, seed=[args.seed, run, k, r])
                 body = {"model": args.model, "prompt": prompt,
                         "max_tokens": args.new_tokens, "temperature": args.temperature, "seed": k,
                         "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
@@ -178,8 +182,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--url", help="benchmark this running server instead of starting one")
     p.add_argument("--model", default="gpt2", help="the model field of the requests (gpt2)")
     p.add_argument("--port", type=int, default=8471, help="the first server's port (8471; the next +1, ...)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="seed of the prompts (default: a new one each invocation, so that a server given "
+                        "by --url has none of them in its prefix cache)")
     p.add_argument("--json", action="store_true", help="print the numbers as JSON")
     args = p.parse_args(argv)
+    if args.seed is None:
+        args.seed = int.from_bytes(os.urandom(4), "little")
+    elif args.seed < 0:
+        p.error("--seed must be >= 0")
     backends = args.backend or ["numpy"]
     if args.url and len(backends) > 1:
         p.error("--url benchmarks one running server: give no --backend with it")
@@ -202,11 +213,13 @@ def main(argv: list[str] | None = None) -> int:
         for i, url in enumerate(urls):
             wait_ready(url, procs[i] if procs else None)
             warm_up = argparse.Namespace(**{**vars(args), "new_tokens": 4})
-            asyncio.run(run_level(url, 1, 1, warm_up))
+            asyncio.run(run_level(url, 1, 1, warm_up, run=0))
         for r in range(args.repeat):
             for j, clients in enumerate(args.levels):
                 for backend, url in zip(backends, urls, strict=True):
-                    row = asyncio.run(run_level(url, clients, args.rounds, args))
+                    # Each backend's server gets the same prompts; no later run repeats them.
+                    row = asyncio.run(run_level(url, clients, args.rounds, args,
+                                                run=1 + r * len(args.levels) + j))
                     runs[backend][j].append(row)
                     print(f"[repeat {r + 1}, {backend}, {clients} clients: {row['output_tok_s']:.1f} tok/s]",
                           file=sys.stderr)
@@ -232,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         source = args.url or (args.model_dir or "random 124M-shape weights") + f", {backend} backend"
         print(f"Serving: {args.prompt_tokens}-token prompts, {args.new_tokens} new tokens, temperature "
               f"{args.temperature:g}, {args.rounds} request(s) per client, medians of {args.repeat} "
-              f"({source}; {blas_line()})\n")
+              f"({source}; prompts of --seed {args.seed}; {blas_line()})\n")
         print(table(medians[backend]) + "\n")
     if len(backends) > 1:
         print("| clients | " + " | ".join(f"{b} / {backends[0]}" for b in backends[1:]) + " |")

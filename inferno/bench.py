@@ -45,8 +45,9 @@ class BenchError(Exception):
     """A problem with the request (flag, backend, model files); printed as one line, exit code 2."""
 
 
-def prompt_ids(n: int, vocab_size: int, seed: int = 0) -> list[int]:
-    """`n` random token ids (seeded), never the end-of-text id (the last one)."""
+def prompt_ids(n: int, vocab_size: int, seed: int | Sequence[int] = 0) -> list[int]:
+    """`n` random token ids (seeded: an int, or several as NumPy's SeedSequence takes them), never the
+    end-of-text id (the last one)."""
     return np.random.default_rng(seed).integers(0, vocab_size - 1, size=n).tolist()
 
 
