@@ -5,8 +5,10 @@
    the next head's run starts n_positions x d x 2 bytes further on, however few positions are in use.
    This times that read (the same loads, float16 widening, dot products and weighted sums as the half
    plugin's attend_512, one thread, 16 rows x 12 heads x 12 layers of GPT-2 small) for a slot length L
-   from `keys` (the runs back to back) up to 1024, with and without transparent huge pages. The caches
-   are far bigger than the CPU's caches, and 64 MB is written between rounds.
+   from `keys` (the runs back to back) up to 1024, with and without transparent huge pages; and for the
+   other order of a slot, positions-major ([n_positions, heads, d]), read head by head as the kernels do
+   (a key every heads x d x 2 bytes). The caches are far bigger than the CPU's caches, and 64 MB is
+   written between rounds.
 
    Build and run (x86-64 with AVX-512):
        cc -O3 -march=x86-64-v4 benches/kv_cache_reads.c -o /tmp/kv_cache_reads
@@ -24,15 +26,15 @@
 #define D 64
 #define HEADS (16 * 12 * 12) /* rows x heads x layers */
 
-/* One query over `keys` keys and values of one head, as attend_512 (d = 64, float16 caches); a cheap
+/* One query over `keys` keys and values of one head (key j at k + j * ks), as attend_512 (d = 64, float16 caches); a cheap
    stand-in for exp keeps the arithmetic from hiding the reads. */
 __attribute__((noinline)) static float attend(const float *q, const uint16_t *k, const uint16_t *v, int64_t keys,
-                                              float *s, float *o) {
+                                              float *s, float *o, int64_t ks) {
     __m512 qv[4], acc[4];
     for (int c = 0; c < 4; c++) qv[c] = _mm512_loadu_ps(q + 16 * c);
     float m = -INFINITY, sum = 0.0f;
     for (int64_t j = 0; j < keys; j++) {
-        const uint16_t *kj = k + j * D;
+        const uint16_t *kj = k + j * ks;
         __m512 a = _mm512_mul_ps(qv[0], _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)kj)));
         for (int c = 1; c < 4; c++)
             a = _mm512_fmadd_ps(qv[c], _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(kj + 16 * c))), a);
@@ -44,7 +46,7 @@ __attribute__((noinline)) static float attend(const float *q, const uint16_t *k,
     for (int64_t j = 0; j < keys; j++) {
         __m512 p = _mm512_set1_ps(s[j]);
         for (int c = 0; c < 4; c++)
-            acc[c] = _mm512_fmadd_ps(p, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v + j * D + 16 * c))),
+            acc[c] = _mm512_fmadd_ps(p, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v + j * ks + 16 * c))),
                                      acc[c]);
     }
     for (int c = 0; c < 4; c++) _mm512_storeu_ps(o + 16 * c, acc[c]);
@@ -57,7 +59,7 @@ static double now(void) {
     return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
-static void run(int64_t keys, int64_t l, int huge) {
+static void run(int64_t keys, int64_t l, int huge, int positions_major) {
     size_t bytes = (size_t)HEADS * l * D * 2, align = 1 << 21;
     bytes = (bytes + align - 1) / align * align;
     uint16_t *k = aligned_alloc(align, bytes), *v = aligned_alloc(align, bytes);
@@ -71,12 +73,18 @@ static void run(int64_t keys, int64_t l, int huge) {
     for (int round = 0; round < 7; round++) {
         memset(flush, round, 64 << 20);
         double t0 = now();
-        for (int64_t h = 0; h < HEADS; h++) total += attend(q, k + h * l * D, v + h * l * D, keys, s, o);
+        if (positions_major)  /* HEADS / 12 slot-layers of [l][12][D], each read head by head */
+            for (int64_t sl = 0; sl < HEADS / 12; sl++)
+                for (int64_t h = 0; h < 12; h++)
+                    total += attend(q, k + (sl * l * 12 + h) * D, v + (sl * l * 12 + h) * D, keys, s, o, 12 * D);
+        else
+            for (int64_t h = 0; h < HEADS; h++) total += attend(q, k + h * l * D, v + h * l * D, keys, s, o, D);
         double t = now() - t0;
         if (t < best) best = (float)t;
     }
     double mb = (double)HEADS * keys * D * 2 * 2 / 1e6;
-    printf("| %ld | %ld | %s | %.2f | %.1f |\n", (long)keys, (long)l, huge ? "yes" : "no", best * 1e3,
+    printf("| %s | %ld | %ld | %s | %.2f | %.1f |\n", positions_major ? "positions-major" : "heads-major",
+           (long)keys, (long)l, huge ? "yes" : "no", best * 1e3,
            mb / 1e3 / best);
     if (total == 0.0f) printf("(unreachable)\n");
     free(k); free(v); free(flush); free(s);
@@ -85,11 +93,13 @@ static void run(int64_t keys, int64_t l, int huge) {
 int main(int argc, char **argv) {
     int64_t keys = argc > 1 ? atoll(argv[1]) : 128;
     if (keys < 1 || keys > 1024) { fprintf(stderr, "keys: 1..1024\n"); return 2; }
-    printf("| keys | slot length L | huge pages | ms (best of 7) | GB/s |\n| --: | --: | --- | --: | --: |\n");
+    printf("| slot | keys | slot length L | huge pages | ms (best of 7) | GB/s |\n"
+           "| --- | --: | --: | --- | --: | --: |\n");
     int64_t lengths[] = {keys, keys + keys / 4, 2 * keys, 1024};
     for (int i = 0; i < 4; i++) {
         if (lengths[i] > 1024 || (i && lengths[i] <= lengths[i - 1])) continue;
-        for (int huge = 0; huge < 2; huge++) run(keys, lengths[i], huge);
+        for (int huge = 0; huge < 2; huge++) run(keys, lengths[i], huge, 0);
     }
+    for (int huge = 0; huge < 2; huge++) run(keys, 1024, huge, 1);
     return 0;
 }
