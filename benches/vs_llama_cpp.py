@@ -20,10 +20,10 @@ What it measures, side by side in one run, rounds interleaved (llama.cpp format 
   pp512 (the same call, ``-p 64,512 -n 64 -d 64 -r 1 --no-warmup``, so after 64 tokens of depth; one
   warm-up call per GGUF before the rounds) against one `Llama.forward` of the prompt into a fresh cache
   up to the last position's host logits (`inferno.bench.time_prefill`).
-* **16 sequences, aggregate decode tok/s**: llama-batched-bench ``-npp P -ntg N -npl 16`` (its S_TG)
-  against inferno's `Engine` with 16 sequences of P-token prompts (all prefilled in one step, untimed)
-  decoding N tokens each: decoded tokens over the time of the decode steps (P, N: --batched-prompt,
-  --batched-new).
+* **16 sequences, aggregate decode tok/s** (and as many more as --sequences lists: ``16,32``):
+  llama-batched-bench ``-npp P -ntg N -npl 16`` (its S_TG) against inferno's `Engine` with 16 sequences
+  of P-token prompts (all prefilled in one step, untimed) decoding N tokens each: decoded tokens over the
+  time of the decode steps (P, N: --batched-prompt, --batched-new).
 * **the bandwidth floor** of inferno's batch-1 decode: the bytes a step reads (every weight as the backend
   holds it, the tied embedding once as the LM head, plus the KV cache up to the mean position) over the
   read bandwidth (NumPy's max over a 1 GiB buffer on `--threads` threads, best of 3, probed right before
@@ -228,11 +228,12 @@ def llama_warm_up(bins: Path, gguf: Path, threads: int) -> None:
     run([str(bins / "llama-bench"), "-m", str(gguf), "-t", str(threads), "-r", "1", "-p", "8", "-n", "4"])
 
 
-def llama_batched(bins: Path, gguf: Path, threads: int, prompt: int, new: int) -> float:
-    """S_TG (aggregate decode tok/s) of 16 sequences of `prompt`-token prompts, `new` new tokens each."""
+def llama_batched(bins: Path, gguf: Path, threads: int, prompt: int, new: int, seqs: int = SEQS) -> float:
+    """S_TG (aggregate decode tok/s) of `seqs` sequences of `prompt`-token prompts, `new` new tokens each."""
     time.sleep(PAUSE)
-    r = run([str(bins / "llama-batched-bench"), "-m", str(gguf), "-t", str(threads), "-c", str(CONTEXT),
-             "-b", "2048", "-ub", "512", "-npp", str(prompt), "-ntg", str(new), "-npl", str(SEQS),
+    r = run([str(bins / "llama-batched-bench"), "-m", str(gguf), "-t", str(threads),
+             "-c", str(max(CONTEXT, seqs * (prompt + new))),
+             "-b", "2048", "-ub", "512", "-npp", str(prompt), "-ntg", str(new), "-npl", str(seqs),
              "--output-format", "jsonl"])
     for line in r.stdout.splitlines():
         if line.startswith("{"):
@@ -271,15 +272,15 @@ def inferno_decode(model) -> float:
     return 1 / time_decode(model, prompt_ids(PROMPT, model.config.vocab_size, seed=3), NEW)
 
 
-def inferno_batched(model, prompt: int, new: int) -> float:
-    """Aggregate decode tok/s of 16 sequences of `prompt`-token prompts through the engine, `new` new
+def inferno_batched(model, prompt: int, new: int, seqs: int = SEQS) -> float:
+    """Aggregate decode tok/s of `seqs` sequences of `prompt`-token prompts through the engine, `new` new
     tokens each (the prefill step, which also picks each first token, untimed)."""
     from inferno.bench import prompt_ids
     from inferno.engine import Engine
 
-    engine = Engine(model, slots=SEQS, prefill_chunk=prompt * SEQS, autostart=False)
+    engine = Engine(model, slots=seqs, prefill_chunk=prompt * seqs, autostart=False)
     vocab = model.config.vocab_size
-    handles = [engine.submit(prompt_ids(prompt, vocab, seed=100 + i), new) for i in range(SEQS)]
+    handles = [engine.submit(prompt_ids(prompt, vocab, seed=100 + i), new) for i in range(seqs)]
     engine.step()
     assert all(len(h.state.ids) == 1 for h in handles)
     time.sleep(PAUSE)
@@ -289,7 +290,7 @@ def inferno_batched(model, prompt: int, new: int) -> float:
     seconds = time.perf_counter() - start
     engine.close()
     assert all(len(h.state.ids) == new for h in handles)
-    return SEQS * (new - 1) / seconds
+    return seqs * (new - 1) / seconds
 
 
 
@@ -364,6 +365,16 @@ def med(xs: list[float]) -> float:
     return statistics.median(xs)
 
 
+def _counts(text: str) -> list[int]:
+    try:
+        counts = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers separated by commas, got {text!r}") from None
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
+    return counts
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--llama-cpp", type=Path, required=True, help="the folder of llama.cpp's binaries")
@@ -377,6 +388,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-batched", action="store_true", help="skip the 16-sequence case")
+    ap.add_argument("--sequences", type=_counts, default=[SEQS],
+                    help="the batched case's numbers of sequences, comma-separated (16; 16,32 for both)")
     ap.add_argument("--batched-prompt", type=int, default=PROMPT, help="16 sequences: prompt tokens each")
     ap.add_argument("--batched-new", type=int, default=NEW, help="16 sequences: new tokens each")
     ap.add_argument("--long", type=int, default=LONG, help="the long prefill's tokens (default 512)")
@@ -415,9 +428,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{shape}: round {r + 1}/{args.repeat}, load {os.getloadavg()}", file=sys.stderr)
             for f in formats:
                 got = llama_bench(args.llama_cpp, ggufs[f], args.threads, args.long)
-                if not args.no_batched:
-                    got["batched16"] = llama_batched(args.llama_cpp, ggufs[f], args.threads,
-                                                     args.batched_prompt, args.batched_new)
+                for n in [] if args.no_batched else args.sequences:
+                    got[f"batched{n}"] = llama_batched(args.llama_cpp, ggufs[f], args.threads,
+                                                       args.batched_prompt, args.batched_new, n)
                 for k, v in got.items():
                     res[f"llama.cpp {f}"].setdefault(k, []).append(v)
             for s, m in models.items():
@@ -428,15 +441,17 @@ def main(argv: list[str] | None = None) -> int:
                 bw += [before, after]
                 floor_s = bytes_per_step(m) / ((before + after) / 2)
                 floor_ratio[s].append((1 / got["decode"]) / floor_s)
-                if not args.no_batched:
-                    got["batched16"] = inferno_batched(m, args.batched_prompt, args.batched_new)
+                for n in [] if args.no_batched else args.sequences:
+                    got[f"batched{n}"] = inferno_batched(m, args.batched_prompt, args.batched_new, n)
                 for k, v in got.items():
                     res[f"inferno {s}"].setdefault(k, []).append(v)
         print(f"\n{shape} (random weights, {args.threads} threads, medians of {args.repeat} interleaved "
               f"rounds; load average now {os.getloadavg()})\n")
-        keys = ["decode", "prefill64", f"prefill{args.long}"] + ([] if args.no_batched else ["batched16"])
+        batched = [] if args.no_batched else [f"batched{n}" for n in args.sequences]
+        keys = ["decode", "prefill64", f"prefill{args.long}", *batched]
         names = {"decode": "decode b=1 tok/s", "prefill64": "prefill 64 tok/s",
-                 f"prefill{args.long}": f"prefill {args.long} tok/s", "batched16": "16 seqs decode tok/s"}
+                 f"prefill{args.long}": f"prefill {args.long} tok/s",
+                 **{f"batched{n}": f"{n} seqs decode tok/s" for n in args.sequences}}
         print("| side | " + " | ".join(names[k] for k in keys) + " |")
         print("| --- |" + " --: |" * len(keys))
         for s in sides:
