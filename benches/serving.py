@@ -40,6 +40,8 @@ from pathlib import Path
 
 import numpy as np
 
+from inferno.bench import counts
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -158,19 +160,9 @@ def table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-def _levels(text: str) -> list[int]:
-    try:
-        levels = [int(x) for x in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected integers separated by commas, got {text!r}") from None
-    if not levels or min(levels) < 1:
-        raise argparse.ArgumentTypeError(f"levels must be integers >= 1, got {text!r}")
-    return levels
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--levels", type=_levels, default=[1, 4, 16, 32], help="concurrent clients (1,4,16,32)")
+    p.add_argument("--levels", type=counts, default=[1, 4, 16, 32], help="concurrent clients (1,4,16,32)")
     p.add_argument("--rounds", type=int, default=1, help="requests per client per level (1)")
     p.add_argument("--prompt-tokens", type=int, default=64)
     p.add_argument("--new-tokens", type=int, default=128)

@@ -69,6 +69,8 @@ from pathlib import Path
 
 import numpy as np
 
+from inferno.bench import counts
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serving import wait_ready  # noqa: E402
 
@@ -365,16 +367,6 @@ def med(xs: list[float]) -> float:
     return statistics.median(xs)
 
 
-def _counts(text: str) -> list[int]:
-    try:
-        counts = [int(x) for x in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected integers separated by commas, got {text!r}") from None
-    if not counts or min(counts) < 1:
-        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
-    return counts
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--llama-cpp", type=Path, required=True, help="the folder of llama.cpp's binaries")
@@ -388,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-batched", action="store_true", help="skip the 16-sequence case")
-    ap.add_argument("--sequences", type=_counts, default=[SEQS],
+    ap.add_argument("--sequences", type=counts, default=[SEQS],
                     help="the batched case's numbers of sequences, comma-separated (16; 16,32 for both)")
     ap.add_argument("--batched-prompt", type=int, default=PROMPT, help="16 sequences: prompt tokens each")
     ap.add_argument("--batched-new", type=int, default=NEW, help="16 sequences: new tokens each")

@@ -45,6 +45,19 @@ class BenchError(Exception):
     """A problem with the request (flag, backend, model files); printed as one line, exit code 2."""
 
 
+def counts(text: str) -> list[int]:
+    """An argparse type for the benchmarks' lists of sizes: integers >= 1 separated by commas ("1,4,16")."""
+    import argparse
+
+    try:
+        values = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers separated by commas, got {text!r}") from None
+    if min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
+    return values
+
+
 def prompt_ids(n: int, vocab_size: int, seed: int | Sequence[int] = 0) -> list[int]:
     """`n` random token ids (seeded: an int, or several as NumPy's SeedSequence takes them), never the
     end-of-text id (the last one)."""
