@@ -379,11 +379,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gguf", default="q8_0,q4_0,f16")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--no-batched", action="store_true", help="skip the 16-sequence case")
+    ap.add_argument("--no-batched", action="store_true", help="skip the batched cases")
     ap.add_argument("--sequences", type=counts, default=[SEQS],
                     help="the batched case's numbers of sequences, comma-separated (16; 16,32 for both)")
-    ap.add_argument("--batched-prompt", type=int, default=PROMPT, help="16 sequences: prompt tokens each")
-    ap.add_argument("--batched-new", type=int, default=NEW, help="16 sequences: new tokens each")
+    ap.add_argument("--batched-prompt", type=int, default=PROMPT, help="batched: prompt tokens each")
+    ap.add_argument("--batched-new", type=int, default=NEW, help="batched: new tokens each")
     ap.add_argument("--long", type=int, default=LONG, help="the long prefill's tokens (default 512)")
     ap.add_argument("--serve", metavar="GGUF", help="instead: 16 HTTP clients, llama-server on this GGUF "
                     "format vs `inferno serve` on the first --inferno spec (--batched-prompt/-new tokens)")

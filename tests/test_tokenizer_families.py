@@ -130,8 +130,9 @@ def test_every_code_point_in_context(name: str, tmp_path_factory: pytest.TempPat
     points = [chr(c) for c in range(0x110000) if not 0xD800 <= c < 0xE000]
     # Each character between letters, digits and spaces, in lines of 64: every class the regexes know.
     texts = ["".join(f"a{c}1 {c}{c}b'{c}\n" for c in points[i:i + 64]) for i in range(0, len(points), 64)]
-    # Once, with encode's default: no special token can be in these texts, so allow_special would only
-    # choose which (empty) split runs first; the corpus below, which holds them, is checked both ways.
+    # Once, with encode's default: no added token can be in these texts, so allow_special would only
+    # choose which splitter looks for them and finds none; the corpus below, which holds them, is
+    # checked both ways.
     wrong = _mismatches(ours, hf, texts, allow_special=False)
     assert not wrong, f"{len(wrong)} of {len(texts)} differ, e.g. {wrong[:3]}"
     _check(ours, hf, corpus(30000, seed=7))
