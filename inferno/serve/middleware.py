@@ -19,6 +19,8 @@ from typing import Any
 
 from inferno.serve.errors import ApiError, send_error
 
+logger = logging.getLogger("inferno.serve")
+
 Scope = dict[str, Any]
 Message = dict[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -353,3 +355,16 @@ class ShutdownGuard:
             deadline.cancel()
             if not task.done():  # we were cancelled ourselves
                 task.cancel()
+            # Read how the request's task ends, now or later: cancelled ourselves as it failed (Ray Serve
+            # cancels a request whose client left, and the route's receive() raises too), it would be
+            # logged by asyncio as "Task exception was never retrieved", a traceback for a disconnect.
+            task.add_done_callback(_read_outcome)
+
+
+def _read_outcome(task: asyncio.Future) -> None:
+    """A done callback: `task`'s exception read, and logged only if it is not a client leaving."""
+    if task.cancelled():
+        return
+    exc = task.exception()
+    if exc is not None and not client_gone(exc):
+        logger.error("a request ended with an error after it was cancelled", exc_info=exc)

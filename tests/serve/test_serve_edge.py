@@ -6,6 +6,7 @@ playground's narrow-screen CSS and the package's exports (issue 39)."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import re
@@ -378,3 +379,53 @@ def test_a_cancelled_task_ends_quietly_and_the_access_log_says_disconnected(capl
 
     with pytest.raises(ValueError):
         asyncio.run(QuietDisconnects(broken)({"type": "http"}, None, send))
+
+
+class TaskCancelledError(Exception):
+    """Named as Ray's `ray.exceptions.TaskCancelledError`, which `client_gone` knows by name."""
+
+
+def _cancel_guard_while_receiving(fails_with: type[BaseException]) -> list[dict]:
+    """A request cancelled from outside (as Ray Serve cancels one whose client left) while its route waits
+    in receive(), which then raises `fails_with` (as Ray's does); what asyncio's exception handler got."""
+    reported: list[dict] = []
+
+    async def route(scope, receive, send):
+        await receive()
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(lambda _loop, context: reported.append(context))
+        guard = ShutdownGuard(route, grace_over=lambda: asyncio.Event())
+
+        async def receive():
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                raise fails_with("the request was cancelled") from None
+
+        call = asyncio.ensure_future(guard({"type": "http", "method": "POST", "path": "/v1/completions"},
+                                           receive, None))
+        await asyncio.sleep(0.01)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        for _ in range(3):  # the route's task ends, its callbacks run, it is collected
+            await asyncio.sleep(0.01)
+            gc.collect()
+
+    asyncio.run(main())
+    return reported
+
+
+def test_a_request_cancelled_as_its_client_leaves_logs_no_unread_task_exception():
+    # Before: the route's task ended with TaskCancelledError after the guard was cancelled, and asyncio
+    # logged "Task exception was never retrieved" with its traceback (a Ray Serve test caught it).
+    assert _cancel_guard_while_receiving(TaskCancelledError) == []
+
+
+def test_a_real_error_after_a_cancellation_is_logged_not_lost(caplog):
+    caplog.set_level(logging.ERROR, logger="inferno.serve")
+    assert _cancel_guard_while_receiving(ValueError) == []
+    [record] = [r for r in caplog.records if r.name == "inferno.serve"]
+    assert "after it was cancelled" in record.getMessage() and isinstance(record.exc_info[1], ValueError)
