@@ -340,6 +340,7 @@ class ShutdownGuard:
 
         task = asyncio.ensure_future(self.app(scope, receive, send_tracked))
         deadline = asyncio.ensure_future(self._deadline())
+        read = False  # whether how the task ended has been read here (returned, or raised on)
         try:
             await asyncio.wait({task, deadline}, return_when=asyncio.FIRST_COMPLETED)
             if not task.done() and not started:
@@ -349,16 +350,25 @@ class ShutdownGuard:
                                                 "finish within the grace period", code="shutting_down"))
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
+                read = True
                 return
-            await task
+            try:
+                await task
+            except asyncio.CancelledError:
+                raise  # ours (or the task's): what the task ended with is read below
+            except BaseException:
+                read = True
+                raise
+            read = True
         finally:
             deadline.cancel()
             if not task.done():  # we were cancelled ourselves
                 task.cancel()
-            # Read how the request's task ends, now or later: cancelled ourselves as it failed (Ray Serve
-            # cancels a request whose client left, and the route's receive() raises too), it would be
-            # logged by asyncio as "Task exception was never retrieved", a traceback for a disconnect.
-            task.add_done_callback(_read_outcome)
+            if not read:
+                # Read how the task ends when it does: cancelled ourselves as it failed (Ray Serve cancels
+                # a request whose client left, and the route's receive() raises too), it would be logged
+                # by asyncio as "Task exception was never retrieved", a traceback for a disconnect.
+                task.add_done_callback(_read_outcome)
 
 
 def _read_outcome(task: asyncio.Future) -> None:

@@ -429,3 +429,20 @@ def test_a_real_error_after_a_cancellation_is_logged_not_lost(caplog):
     assert _cancel_guard_while_receiving(ValueError) == []
     [record] = [r for r in caplog.records if r.name == "inferno.serve"]
     assert "after it was cancelled" in record.getMessage() and isinstance(record.exc_info[1], ValueError)
+
+
+def test_a_route_error_the_guard_passes_on_is_not_logged_again(caplog):
+    # The guard's caller gets the route's own error as before; the guard logs nothing of its own.
+    caplog.set_level(logging.ERROR, logger="inferno.serve")
+
+    async def route(scope, receive, send):
+        raise ValueError("the route failed")
+
+    async def main() -> None:
+        guard = ShutdownGuard(route, grace_over=lambda: asyncio.Event())
+        with pytest.raises(ValueError, match="the route failed"):
+            await guard({"type": "http", "method": "POST", "path": "/v1/completions"}, None, None)
+        await asyncio.sleep(0.01)
+
+    asyncio.run(main())
+    assert not [r for r in caplog.records if r.name == "inferno.serve"]
