@@ -15,6 +15,7 @@ import warnings
 
 import numpy as np
 import pytest
+from backend_helpers import rows_holding_fail
 from goldens import golden_model, write_model_dir
 
 import inferno
@@ -614,20 +615,9 @@ def test_one_rows_failure_ends_its_sequence_only(pipe, prefill_chunk):
     prompts = [[5, 6, 7, 8], [9, 10, poison, 12], [13, 14]]
     alone = [pipe.generate(p, max_new_tokens=6, stop_at_eos=False).ids for p in prompts[::2]]
     engine = Engine(pipe.model, slots=3, prefill_chunk=prefill_chunk, autostart=False)
-    real, calls = engine.model.forward_ragged, []
-
-    def fails_on_poison(rows, *args, **kwargs):
-        calls.append(len(rows))
-        if any(poison in list(tokens) for tokens, _, _ in rows):
-            raise ValueError("kv=float16: a key or value is beyond float16's range (65504)")
-        return real(rows, *args, **kwargs)
-
-    engine.model.forward_ragged = fails_on_poison
-    try:
+    with rows_holding_fail(engine.model, poison) as calls:
         handles = [engine.submit(p, 6) for p in prompts]
         _drain(engine)
-    finally:
-        engine.model.forward_ragged = real
     assert isinstance(handles[1].error, ValueError) and "65504" in str(handles[1].error)
     assert [handles[0].result().ids, handles[2].result().ids] == alone
     assert max(calls) == 3 and calls.count(1) >= 3  # the joint step, then its rows one at a time

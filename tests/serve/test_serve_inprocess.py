@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+from backend_helpers import rows_holding_fail
 from serve_helpers import sse_data
 from starlette.testclient import TestClient
 
@@ -88,21 +89,13 @@ def test_an_engine_failure_mid_stream_is_an_error_event_then_done(flaky_pipe):
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 10
 
 
-def test_a_request_that_breaks_the_numbers_fails_alone(small_model_dir, monkeypatch):
+def test_a_request_that_breaks_the_numbers_fails_alone(small_model_dir):
     # A prompt holding a token that makes its row fail (as a key beyond kv=float16's range does) is a 500
     # in OpenAI's shape naming the cause, while a stream that shares its steps goes on to its end.
     poison = 31337
     pipe = inferno.load(small_model_dir, "numpy", download=False)
-    real, rows_seen = pipe.model.forward_ragged, []
-
-    def forward_ragged(rows, *args, **kwargs):
-        rows_seen.append(len(rows))
-        if any(poison in list(tokens) for tokens, _, _ in rows):
-            raise ValueError("kv=float16: a key or value is beyond float16's range (65504)")
-        return real(rows, *args, **kwargs)
-
-    monkeypatch.setattr(pipe.model, "forward_ragged", forward_ragged)
-    with TestClient(create_app(ServeConfig(model_id="m", slots=4), pipeline=pipe)) as c:
+    with (rows_holding_fail(pipe.model, poison) as rows_seen,
+          TestClient(create_app(ServeConfig(model_id="m", slots=4), pipeline=pipe)) as c):
         events: list[str] = []
         body = {"prompt": "a", "max_tokens": 60, "stream": True, "ignore_eos": True}
         started = threading.Event()
