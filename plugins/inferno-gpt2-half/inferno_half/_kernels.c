@@ -1397,6 +1397,17 @@ X512 static inline __m512 kv_load16(const void *p, int64_t i, int h16) {
                : _mm512_loadu_ps((const float *)p + i);
 }
 
+/* Row j (`bytes` long) of a cache run into the CPU's cache ahead of its use (none if p is NULL). A decode row
+   reads its cache as short runs, a head's keys and values each, a slot's length apart, and the hardware
+   prefetcher starts over on each: so the attention kernels fetch this head's values while its scores run,
+   and the next head's keys and values a pass ahead (benches/kv_cache_reads.c, docs/benchmarks-half.md).
+   Always inlined: GCC drops a call to a function that only prefetches (it has no effect it must keep). */
+X86 __attribute__((always_inline)) static inline void prefetch_row(const void *p, int64_t j, int64_t bytes) {
+    if (!p) return;
+    const char *r = (const char *)p + j * bytes;
+    for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(r + b, _MM_HINT_T0);
+}
+
 /* The attention kernels below that read a cache are written once, as an always-inlined body with h16
    a parameter, and called with h16 a constant: the compiler makes a float32 and a float16 copy. */
 #define KV_BODY __attribute__((always_inline)) static inline
@@ -1417,10 +1428,12 @@ X86 KV_BODY float dot_x86(const float *a, const void *b, int64_t d, int h16) {
    faster than the portable loop below (one scalar chain per dot product, a libm expf per key). kh, vh:
    the head's cache rows, float32 or (h16) float16. */
 X86 KV_BODY void attend_x86_kv(const float *qi, const void *kh, const void *vh, int64_t keys, int64_t d,
-                               float scale, float *s, float *o, int h16) {
+                               float scale, float *s, float *o, const void *next_k, const void *next_v, int h16) {
     const int64_t es = h16 ? 2 : 4;
     float m = -INFINITY, sum = 0.0f;
     for (int64_t j = 0; j < keys; j++) {
+        if (next_k) prefetch_row(vh, j, d * es);
+        prefetch_row(next_k, j, d * es);
         s[j] = dot_x86(qi, (const char *)kh + j * d * es, d, h16) * scale;
         if (s[j] > m) m = s[j];
     }
@@ -1436,6 +1449,7 @@ X86 KV_BODY void attend_x86_kv(const float *qi, const void *kh, const void *vh, 
     for (int64_t c = 0; c < d; c += 8) _mm256_storeu_ps(o + c, _mm256_setzero_ps());
     for (j = 0; j < keys; j++) {
         const void *vj = (const char *)vh + j * d * es;
+        prefetch_row(next_v, j, d * es);
         __m256 p = _mm256_set1_ps(s[j]);
         for (int64_t c = 0; c < d; c += 8)
             _mm256_storeu_ps(o + c, _mm256_fmadd_ps(p, kv_load8(vj, c, h16), _mm256_loadu_ps(o + c)));
@@ -1445,9 +1459,9 @@ X86 KV_BODY void attend_x86_kv(const float *qi, const void *kh, const void *vh, 
 }
 
 X86 static void attend_x86(const float *qi, const void *kh, const void *vh, int64_t keys, int64_t d,
-                           float scale, float *s, float *o, int h16) {
-    if (h16) attend_x86_kv(qi, kh, vh, keys, d, scale, s, o, 1);
-    else attend_x86_kv(qi, kh, vh, keys, d, scale, s, o, 0);
+                           float scale, float *s, float *o, const void *next_k, const void *next_v, int h16) {
+    if (h16) attend_x86_kv(qi, kh, vh, keys, d, scale, s, o, next_k, next_v, 1);
+    else attend_x86_kv(qi, kh, vh, keys, d, scale, s, o, next_k, next_v, 0);
 }
 #endif
 
@@ -1457,7 +1471,7 @@ X86 static void attend_x86(const float *qi, const void *kh, const void *vh, int6
    key at a time): a decode step's attention, a few keys a query, is about its loads. */
 #define ATTEND512_D 128
 X512 KV_BODY void attend_512_kv(const float *qi, const void *kh, const void *vh, int64_t keys, int64_t d,
-                               float scale, float *s, float *o, int h16) {
+                               float scale, float *s, float *o, const void *next_k, const void *next_v, int h16) {
     const int nv = (int)(d / 16);
     const int64_t es = h16 ? 2 : 4;
     __m512 qv[ATTEND512_D / 16], acc[ATTEND512_D / 16];
@@ -1465,6 +1479,8 @@ X512 KV_BODY void attend_512_kv(const float *qi, const void *kh, const void *vh,
     float m = -INFINITY;
     for (int64_t j = 0; j < keys; j++) {
         const void *kj = (const char *)kh + j * d * es;
+        if (next_k) prefetch_row(vh, j, d * es);
+        prefetch_row(next_k, j, d * es);
         __m512 a = _mm512_mul_ps(qv[0], kv_load16(kj, 0, h16));
         for (int c = 1; c < nv; c++) a = _mm512_fmadd_ps(qv[c], kv_load16(kj, 16 * c, h16), a);
         s[j] = _mm512_reduce_add_ps(a) * scale;
@@ -1482,6 +1498,7 @@ X512 KV_BODY void attend_512_kv(const float *qi, const void *kh, const void *vh,
     for (int c = 0; c < nv; c++) acc[c] = _mm512_setzero_ps();
     for (j = 0; j < keys; j++) {
         const void *vj = (const char *)vh + j * d * es;
+        prefetch_row(next_v, j, d * es);
         __m512 p = _mm512_set1_ps(s[j]);
         for (int c = 0; c < nv; c++) acc[c] = _mm512_fmadd_ps(p, kv_load16(vj, 16 * c, h16), acc[c]);
     }
@@ -1490,16 +1507,19 @@ X512 KV_BODY void attend_512_kv(const float *qi, const void *kh, const void *vh,
 }
 
 X512 static void attend_512(const float *qi, const void *kh, const void *vh, int64_t keys, int64_t d,
-                            float scale, float *s, float *o, int h16) {
-    if (h16) attend_512_kv(qi, kh, vh, keys, d, scale, s, o, 1);
-    else attend_512_kv(qi, kh, vh, keys, d, scale, s, o, 0);
+                            float scale, float *s, float *o, const void *next_k, const void *next_v, int h16) {
+    if (h16) attend_512_kv(qi, kh, vh, keys, d, scale, s, o, next_k, next_v, 1);
+    else attend_512_kv(qi, kh, vh, keys, d, scale, s, o, next_k, next_v, 0);
 }
 
-/* One query's attention on the SIMD path `simd` (d a multiple of 8): attend_512 or attend_x86. */
+/* One query's attention on the SIMD path `simd` (d a multiple of 8): attend_512 or attend_x86. next_k, next_v:
+   the head attended next, for a decode row whose cache comes from memory: then this head's values and the
+   next head are fetched ahead (see prefetch_row); NULL for a prompt's queries, which read their head again. */
 X86 static void attend_simd(int simd, const float *qi, const void *kh, const void *vh, int64_t keys, int64_t d,
-                            float scale, float *s, float *o, int h16) {
-    if (simd == PATH_AVX512 && d % 16 == 0 && d <= ATTEND512_D) attend_512(qi, kh, vh, keys, d, scale, s, o, h16);
-    else attend_x86(qi, kh, vh, keys, d, scale, s, o, h16);
+                            float scale, float *s, float *o, const void *next_k, const void *next_v, int h16) {
+    if (simd == PATH_AVX512 && d % 16 == 0 && d <= ATTEND512_D)
+        attend_512(qi, kh, vh, keys, d, scale, s, o, next_k, next_v, h16);
+    else attend_x86(qi, kh, vh, keys, d, scale, s, o, next_k, next_v, h16);
 }
 #endif
 
@@ -1571,7 +1591,12 @@ static void attend_all(int64_t b, int64_t h, int64_t hkv, int64_t t, int64_t d, 
 #if HAVE_X86
         if (simd) {
             float buf[STACK_KEYS];
-            attend_simd(simd_path(), qi, kh, vh, keys, d, scale, heap ? heap + n * (offset + t) : buf, o, h16);
+            /* the next item's head, when it is another one (a decode step: t = 1) */
+            int64_t next = kvh + (head + 1) / group - head / group;
+            const void *nk = t == 1 && n + 1 < b * h && next != kvh ? (const char *)k + next * l * d * es : NULL;
+            const void *nv = nk ? (const char *)v + next * l * d * es : NULL;
+            attend_simd(simd_path(), qi, kh, vh, keys, d, scale, heap ? heap + n * (offset + t) : buf, o, nk, nv,
+                        h16);
             continue;
         }
 #endif
@@ -2415,6 +2440,22 @@ static int qkv_attention(const float *qkv, int64_t b, int64_t t, int64_t h, int6
     return 0;
 }
 
+/* Where part `part` of `parts` of a ragged step's (token, head) items starts, so that each part holds about
+   as many keys to read: cum[tok] is the keys of the items before token tok (cum[0] = 0, n + 1 entries), a
+   token's h items reading equally many. */
+static int64_t items_split(const int64_t *cum, int64_t n, int64_t h, int64_t part, int64_t parts) {
+    if (part >= parts) return n * h;
+    int64_t want = cum[n] * part / parts, lo = 0, hi = n;
+    while (lo < hi) {  /* the last token that starts at or before `want` */
+        int64_t mid = (lo + hi + 1) / 2;
+        if (cum[mid] <= want) lo = mid;
+        else hi = mid - 1;
+    }
+    if (lo >= n) return n * h;
+    int64_t per = (cum[lo + 1] - cum[lo]) / h, head = (want - cum[lo] + per - 1) / per;
+    return lo * h + min64(head, h);
+}
+
 /* The attention of a ragged step from the fused projection: qkv [n, 3, h, d] holds the tokens of R rows
    one after another (row r: `len[r]` tokens from `start[r]`, at positions off[r] .. of its own caches
    k[r], v[r], each [h, l[r], d]). Writes every row's new keys and values into its caches, then attends
@@ -2425,13 +2466,16 @@ static int ragged_attention(const float *qkv, int64_t n, int64_t h, int64_t d, i
                             const int64_t *l, float *out, int threads, int h16) {
     int64_t c = h * d, es = h16 ? 2 : 4;
     int bad = 0;
-    int64_t *row_of = malloc(sizeof(int64_t) * (size_t)(n > 0 ? n : 1));
+    /* row_of[tok]: the token's row; cum: the keys of the items before each token (items_split) */
+    int64_t *row_of = malloc(sizeof(int64_t) * (size_t)(2 * n + 1)), *cum = row_of + n;
     if (!row_of) return -1;
     int64_t most = 0;
+    cum[0] = 0;
     for (int64_t r = 0; r < rows; r++) {
         for (int64_t i = 0; i < len[r]; i++) {
             int64_t tok = start[r] + i;
             row_of[tok] = r;
+            cum[tok + 1] = cum[tok] + h * (off[r] + i + 1);
             for (int64_t head = 0; head < h; head++) {
                 const float *src = qkv + tok * 3 * c + head * d;
                 int64_t at = (head * l[r] + off[r] + i) * d * es;
@@ -2445,26 +2489,41 @@ static int ragged_attention(const float *qkv, int64_t n, int64_t h, int64_t d, i
     float scale = 1.0f / sqrtf((float)d);
     int simd = HAVE_X86 && d % 8 == 0 && simd_path();
     (void)threads; (void)simd;
+    /* Each thread attends one run of items holding its share of the keys, so that the head it fetches ahead
+       (prefetch_row) is the one it attends next. */
 #ifdef _OPENMP
-#pragma omp parallel for schedule(dynamic, 4) num_threads(threads > 0 ? threads : 1) if (threads > 1 && n * h * most >= 512)
+#pragma omp parallel num_threads(threads > 0 ? threads : 1) if (threads > 1 && n * h * most >= 512)
 #endif
-    for (int64_t item = 0; item < n * h; item++) {
-        int64_t tok = item / h, head = item % h, r = row_of[tok];
-        int64_t keys = off[r] + (tok - start[r]) + 1;
-        const float *qi = qkv + tok * 3 * c + head * d;
-        const void *kh = (const char *)k[r] + head * l[r] * d * es, *vh = (const char *)v[r] + head * l[r] * d * es;
-        float *o = out + tok * c + head * d;
+    {
+#ifdef _OPENMP
+        int64_t part = omp_get_thread_num(), parts = omp_get_num_threads();
+#else
+        int64_t part = 0, parts = 1;
+#endif
+        int64_t first = items_split(cum, n, h, part, parts), end = items_split(cum, n, h, part + 1, parts);
+        for (int64_t item = first; item < end; item++) {
+            int64_t tok = item / h, head = item % h, r = row_of[tok];
+            int64_t keys = off[r] + (tok - start[r]) + 1;
+            const float *qi = qkv + tok * 3 * c + head * d;
+            const void *kh = (const char *)k[r] + head * l[r] * d * es, *vh = (const char *)v[r] + head * l[r] * d * es;
+            float *o = out + tok * c + head * d;
 #if HAVE_X86
-        if (simd) {
-            float buf[STACK_KEYS], *s = keys <= STACK_KEYS ? buf : malloc(sizeof(float) * (size_t)keys);
-            if (s) {
-                attend_simd(simd_path(), qi, kh, vh, keys, d, scale, s, o, h16);
-                if (s != buf) free(s);
-                continue;
+            if (simd) {
+                float buf[STACK_KEYS], *s = keys <= STACK_KEYS ? buf : malloc(sizeof(float) * (size_t)keys);
+                if (s) {
+                    /* a decode row's next item's head (see attend_simd) */
+                    int64_t nt = (item + 1) / h, nh = (item + 1) % h;
+                    int64_t nr = item + 1 < end && len[r] == 1 ? row_of[nt] : -1;
+                    const void *nk = nr >= 0 ? (const char *)k[nr] + nh * l[nr] * d * es : NULL;
+                    const void *nv = nr >= 0 ? (const char *)v[nr] + nh * l[nr] * d * es : NULL;
+                    attend_simd(simd_path(), qi, kh, vh, keys, d, scale, s, o, nk, nv, h16);
+                    if (s != buf) free(s);
+                    continue;
+                }
             }
-        }
 #endif
-        attend_portable(qi, kh, vh, keys, d, scale, o, h16);
+            attend_portable(qi, kh, vh, keys, d, scale, o, h16);
+        }
     }
     free(row_of);
     return 0;

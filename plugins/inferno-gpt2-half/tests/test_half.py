@@ -789,10 +789,12 @@ def _ragged_case(c, n_head, rows, length, fmt="float16", seed=0):
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("c, n_head", [(64, 4), (15, 3)])
 @pytest.mark.parametrize("rows", [[(0, 5, 2), (2, 11, 3), (1, 0, 1)], [(1, 3, 1)],
-                                  [(3, 0, 9), (0, 20, 1), (2, 30, 1)]])
+                                  [(3, 0, 9), (0, 20, 1), (2, 30, 1)],
+                                  [(0, 7, 5), (1, 0, 1), (4, 13, 1), (3, 2, 7), (2, 30, 1), (5, 21, 1)]])
 def test_ragged_self_attention_matches_float64_in_one_call(fmt, c, n_head, rows, kernel_path, monkeypatch):
     # One C call for the step (d = 16: the x86 attention; d = 5: portable), against each row's batch-1
     # attention in float64 on the rounded weights; the caches hold the new keys and values, the rest kept.
+    # The last two cases are split between the two threads by keys, mid-token (items_split).
     from inferno.backends.numpy_backend import NumpyBackend
     from inferno.conformance import reference as ref
 
