@@ -17,6 +17,7 @@ The helpers here (`random_weights`, `time_generation`, `time_prefill`, `time_dec
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import statistics
@@ -47,8 +48,6 @@ class BenchError(Exception):
 
 def counts(text: str) -> list[int]:
     """An argparse type for the benchmarks' lists of sizes: integers >= 1 separated by commas ("1,4,16")."""
-    import argparse
-
     try:
         values = [int(x) for x in text.split(",")]
     except ValueError:

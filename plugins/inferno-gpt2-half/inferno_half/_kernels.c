@@ -1432,8 +1432,10 @@ X86 KV_BODY void attend_x86_kv(const float *qi, const void *kh, const void *vh, 
     const int64_t es = h16 ? 2 : 4;
     float m = -INFINITY, sum = 0.0f;
     for (int64_t j = 0; j < keys; j++) {
-        if (next_k) prefetch_row(vh, j, d * es);
-        prefetch_row(next_k, j, d * es);
+        if (next_k) {  /* a decode row: this head's values, the next head's keys */
+            prefetch_row(vh, j, d * es);
+            prefetch_row(next_k, j, d * es);
+        }
         s[j] = dot_x86(qi, (const char *)kh + j * d * es, d, h16) * scale;
         if (s[j] > m) m = s[j];
     }
@@ -1479,8 +1481,10 @@ X512 KV_BODY void attend_512_kv(const float *qi, const void *kh, const void *vh,
     float m = -INFINITY;
     for (int64_t j = 0; j < keys; j++) {
         const void *kj = (const char *)kh + j * d * es;
-        if (next_k) prefetch_row(vh, j, d * es);
-        prefetch_row(next_k, j, d * es);
+        if (next_k) {  /* a decode row: this head's values, the next head's keys */
+            prefetch_row(vh, j, d * es);
+            prefetch_row(next_k, j, d * es);
+        }
         __m512 a = _mm512_mul_ps(qv[0], kv_load16(kj, 0, h16));
         for (int c = 1; c < nv; c++) a = _mm512_fmadd_ps(qv[c], kv_load16(kj, 16 * c, h16), a);
         s[j] = _mm512_reduce_add_ps(a) * scale;
