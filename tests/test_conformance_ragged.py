@@ -204,3 +204,131 @@ def test_reference_ragged_is_each_row_alone():
     pos = np.array([[3, 0, 9]])
     wte, wpe = rng.standard_normal((7, 4)), rng.standard_normal((p, 4))
     np.testing.assert_array_equal(ref.embedding(wte, wpe, np.array([[1, 2, 6]]), pos)[0, 2], wte[6] + wpe[9])
+
+
+# ------------------------------------------------- the Llama family's ragged step: ragged_gqa_attention
+
+
+class _GqaRows(NumpyBackend):
+    """Runs the default ragged_gqa_attention on rows rewritten by `rows`."""
+
+    def rows(self, rows):
+        return rows
+
+    def ragged_gqa_attention(self, q, k, v, slot_kv, rows):
+        return super().ragged_gqa_attention(q, k, v, slot_kv, self.rows(rows))
+
+
+class GqaRaggedIgnoresOffset(_GqaRows):
+    def rows(self, rows):
+        return [RaggedRow(r.slot, 0, r.start, r.length) for r in rows]
+
+
+class GqaRaggedRowIndexAsSlot(_GqaRows):
+    def rows(self, rows):
+        return [RaggedRow(i, r.offset, r.start, r.length) for i, r in enumerate(rows)]
+
+
+class GqaRaggedGroupsByModulo(NumpyBackend):
+    """Query head h on key/value head h % Hkv (the right one is h // (H / Hkv))."""
+
+    def ragged_gqa_attention(self, q, k, v, slot_kv, rows):
+        ys = []
+        for r in rows:
+            s, e = r.start, r.start + r.length
+            kc, vc = self.write_kv(*slot_kv[r.slot], k[:, :, s:e], v[:, :, s:e], r.offset)
+            slot_kv[r.slot] = (kc, vc)
+            g = q.shape[1] // kc.shape[1]
+            ys.append(self.attention(q[:, :, s:e], np.tile(kc, (1, g, 1, 1)), np.tile(vc, (1, g, 1, 1)),
+                                     r.offset))
+        return self.concat(ys, axis=2)
+
+
+class GqaRaggedReadsPastItsRow(NumpyBackend):
+    """Every row attends the whole slot up to the longest row's end (a batch's mask, not each row's)."""
+
+    def ragged_gqa_attention(self, q, k, v, slot_kv, rows):
+        top = max(r.offset + r.length for r in rows)
+        ys = []
+        for r in rows:
+            s, e = r.start, r.start + r.length
+            kc, vc = self.write_kv(*slot_kv[r.slot], k[:, :, s:e], v[:, :, s:e], r.offset)
+            slot_kv[r.slot] = (kc, vc)
+            ys.append(self.gqa_attention(q[:, :, s:e], kc, vc, top - r.length))
+        return self.concat(ys, axis=2)
+
+
+class GqaRaggedZeroesOtherSlots(NumpyBackend):
+    def ragged_gqa_attention(self, q, k, v, slot_kv, rows):
+        y = super().ragged_gqa_attention(q, k, v, slot_kv, rows)
+        used = {r.slot for r in rows}
+        for i, (kc, vc) in enumerate(slot_kv):
+            if i not in used:
+                kc[...] = 0
+                vc[...] = 0
+        return y
+
+
+class GqaRaggedDropsNewCaches(ImmutableCaches):
+    def ragged_gqa_attention(self, q, k, v, slot_kv, rows):
+        return super().ragged_gqa_attention(q, k, v, list(slot_kv), rows)
+
+
+class GqaRaggedReturnsTuple(NumpyBackend):
+    def ragged_gqa_attention(self, q, k, v, slot_kv, rows):
+        return super().ragged_gqa_attention(q, k, v, slot_kv, rows), slot_kv
+
+
+GQA = {"ragged_gqa_attention", "model"}
+GQA_BROKEN = [
+    (GqaRaggedIgnoresOffset, {"ragged_gqa_attention-smollm2-decode": "output of row 0 (slot 0: 1 tokens at "
+                                                                     "offset 20)",
+                              "ragged_gqa_attention-one-row": "output of row 0",
+                              "model-llama-ragged": "step 2 logits"}),
+    (GqaRaggedRowIndexAsSlot, {"ragged_gqa_attention-chunks-odd-D": "output of row 0 (slot 3",
+                               "ragged_gqa_attention-prompt-beside-decode": "output of row 0 (slot 1"}),
+    # (model-llama-ragged's qwen3 has one key/value head, where h % 1 == h // H: it cannot tell.)
+    (GqaRaggedGroupsByModulo, {"ragged_gqa_attention-smollm2-decode": "output of row 0",
+                               "ragged_gqa_attention-prompt-beside-decode": "output of row 0"}),
+    (GqaRaggedReadsPastItsRow, {"ragged_gqa_attention-smollm2-decode": "output of row 0",
+                                "ragged_gqa_attention-ratio-1-slot-reuse": "output of row 1 (slot 1: 4 "
+                                "tokens at offset 0 over a stale sequence of 20) differs from the same row "
+                                "in a fresh (zeroed) slot",
+                                "model-llama-ragged": "step 1 logits"}),
+    (GqaRaggedZeroesOtherSlots, {"ragged_gqa_attention-chunks-odd-D":
+                                 "k_cache of slot 2 (no row uses it) differs from its contents before the "
+                                 "call"}),
+    (GqaRaggedDropsNewCaches, {"ragged_gqa_attention-smollm2-decode": "k_cache of slot 0 at positions 20..20",
+                               "model-llama-ragged": "step 2 logits"}),
+    (GqaRaggedReturnsTuple, {"ragged_gqa_attention-one-row": "returned a tuple, expected the output array"}),
+]
+
+
+@pytest.mark.parametrize("cls, must_fail", GQA_BROKEN, ids=[b[0].__name__ for b in GQA_BROKEN])
+def test_broken_ragged_gqa_attention_fails_naming_the_kernel(cls, must_fail):
+    test_broken_ragged_backend_fails_naming_the_kernel(cls, must_fail, GQA)
+
+
+def test_immutable_caches_pass_through_ragged_gqa_attention():
+    for check in all_checks(kernels={"ragged_gqa_attention"}):
+        check(ImmutableCaches())
+
+
+def test_reference_ragged_gqa_is_each_row_alone():
+    rng = np.random.default_rng(2)
+    h, kv, d, p = 6, 2, 4, 10
+    q, k, v = rng.standard_normal((1, h, 5, d)), *rng.standard_normal((2, 1, kv, 5, d))
+    ks, vs = list(rng.standard_normal((2, 3, 1, kv, p, d)))
+    rows = [(2, 4, 0, 3), (0, 0, 3, 2)]  # slot, offset, start, length; slot 1 unused
+    out, k2, v2 = ref.ragged_gqa_attention(q, k, v, rows, ks, vs)
+    for slot, offset, start, length in rows:
+        sl = slice(start, start + length)
+        kk = np.concatenate([ks[slot][:, :, :offset], k[:, :, sl]], axis=2)
+        vv = np.concatenate([vs[slot][:, :, :offset], v[:, :, sl]], axis=2)
+        want = ref.attention(q[:, :, sl], np.repeat(kk, h // kv, axis=1), np.repeat(vv, h // kv, axis=1),
+                             offset)
+        np.testing.assert_allclose(out[:, :, sl], want, rtol=1e-12)
+        np.testing.assert_array_equal(k2[slot][:, :, : offset + length], kk)
+        np.testing.assert_array_equal(v2[slot][:, :, offset + length :], vs[slot][:, :, offset + length :])
+    np.testing.assert_array_equal(k2[1], ks[1])
+    assert not np.shares_memory(k2[1], ks[1])

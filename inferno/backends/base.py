@@ -241,6 +241,24 @@ class Backend(ABC):
         ys = [self.attention(q[:, j::r, :, :], k_cache, v_cache, offset) for j in range(r)]
         return self.concat([ys[h % r][:, h // r : h // r + 1, :, :] for h in range(n_head)], axis=1)
 
+    def ragged_gqa_attention(
+        self, q: Array, k: Array, v: Array, slot_kv: list[tuple[Array, Array]], rows: Sequence[RaggedRow]
+    ) -> Array:
+        """`gqa_attention` over a ragged batch (as `ragged_self_attention` packs it), the new keys and
+        values written first: q [1, H, N, D] (rotated), k and v [1, Hkv, N, D], row r's tokens at ``r.start
+        .. r.start + r.length - 1`` sitting at positions ``r.offset ..`` of slot ``r.slot``; slot_kv: this
+        layer's (k_cache, v_cache) per slot, each [1, Hkv, P, D]. Writes each row's keys and values into
+        its slot (replacing the entry of `slot_kv` when the backend returns new arrays) and returns
+        [1, H, N, D]: each row's queries attending its own slot only. Default: `write_kv` and
+        `gqa_attention` once per row, as a batch of one, the rows put back together with `concat`."""
+        ys = []
+        for r in rows:
+            s, e = r.start, r.start + r.length
+            k_cache, v_cache = self.write_kv(*slot_kv[r.slot], k[:, :, s:e, :], v[:, :, s:e, :], r.offset)
+            slot_kv[r.slot] = (k_cache, v_cache)
+            ys.append(self.gqa_attention(q[:, :, s:e, :], k_cache, v_cache, r.offset))
+        return ys[0] if len(ys) == 1 else self.concat(ys, axis=2)
+
     # ------------------------------------------------------------------------ optional: looking inside
 
     def attention_weights(self, q: Array, k_cache: Array, offset: int) -> np.ndarray:

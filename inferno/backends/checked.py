@@ -349,6 +349,15 @@ class _Guard:
         out = self._call("gqa_attention", q, k_cache, v_cache, offset)
         return self._expect("gqa_attention", out, _shape(q) or ()) if self.shapes else out
 
+    def ragged_gqa_attention(self, q, k, v, slot_kv, rows):
+        before = [_shape(a) for kv in slot_kv for a in kv] if self.shapes else None
+        out = self._call("ragged_gqa_attention", q, k, v, slot_kv, rows)
+        if not self.shapes:
+            return out
+        if [_shape(a) for kv in slot_kv for a in kv] != before:
+            raise self._fail("ragged_gqa_attention", "changed the shape of a KV slot")
+        return self._expect("ragged_gqa_attention", out, _shape(q) or ())
+
     def gated_mlp(self, x, w_gate, w_up, w_down):
         out = self._call("gated_mlp", x, w_gate, w_up, w_down)
         return self._expect("gated_mlp", out, _shape(x) or ()) if self.shapes else out

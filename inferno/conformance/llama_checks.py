@@ -1,7 +1,7 @@
 """The conformance checks of the Llama family's kernels (`embed_tokens`, `heads`, `rms_norm`, `rotary`,
-`silu_mul`, `gqa_attention`, the `gated_mlp` composition) and of a small random Llama-family model,
-registered beside the GPT-2 ones (`inferno.conformance.checks` runs them after those), with the same
-tolerances and messages.
+`silu_mul`, `gqa_attention`, the `gated_mlp` and `ragged_gqa_attention` compositions) and of a small
+random Llama-family model, registered beside the GPT-2 ones (`inferno.conformance.checks` runs them
+after those), with the same tolerances and messages.
 
 Every one of these kernels has a default in `Backend`, so a backend that does not implement them passes
 through its defaults (built from its GPT-2 kernels and the host); one that does proves its own here.
@@ -16,6 +16,13 @@ from functools import partial
 import numpy as np
 
 from inferno.conformance import reference as ref
+from inferno.conformance.composition_checks import (
+    _check_slots,
+    _packed,
+    _ragged_hosts,
+    _ragged_run,
+    _row_name,
+)
 from inferno.conformance.harness import Check, _Run, _shape, register
 from inferno.conformance.kernel_checks import _fill_cache
 
@@ -112,6 +119,59 @@ for _name, (_b, _h, _kv, _t, _d, _off, _len) in _GQA_CASES.items():
     _add("gqa_attention", _name, f"q {_shape((_b, _h, _t, _d))} over {_kv} key/value heads at offset {_off}, "
          f"cache length {_len} (garbage past {_off + _t})", _gqa_attention, b=_b, h=_h, kv=_kv, t=_t, d=_d,
          offset=_off, length=_len)
+
+
+def _ragged_gqa_attention(run: _Run, h, kv, d, n_slots, length, rows, stale=None) -> None:
+    """ragged_gqa_attention over `rows` = (slot, offset, T) packed in this order, the slots filled and
+    checked as `ragged_self_attention`'s are (composition_checks); each row against its own batch-1
+    grouped-query attention (the float64 reference)."""
+    be, stale = run.backend, stale or {}
+    shape = (1, kv, length, d)
+    packed, n = _packed(rows)
+    q, q64 = run.array(run.normal((1, h, n, d)))
+    k, k64 = run.array(run.normal((1, kv, n, d)))
+    v, v64 = run.array(run.normal((1, kv, n, d)))
+    hosts = _ragged_hosts(run, shape, n_slots, {r.slot: r.offset for r in packed}, stale)
+
+    def call(slot_kv):
+        y = be.ragged_gqa_attention(q, k, v, slot_kv, packed)
+        if isinstance(y, tuple | list):
+            run.fail(f"returned a {type(y).__name__}, expected the output array [1, H, N, D] alone (the "
+                     "caches go back into slot_kv)")
+        if not isinstance(slot_kv, list) or len(slot_kv) != n_slots:
+            run.fail(f"slot_kv is no longer a list of {n_slots} slots")
+        got = run.host(y, "output")
+        if got.shape != (1, h, n, d):
+            run.fail(f"output has shape {list(got.shape)}, expected {[1, h, n, d]}")
+        return got
+
+    got, slot_kv, k_held, v_held = _ragged_run(run, call, hosts, packed, shape, stale, tokens_axis=2)
+    want, k_want, v_want = ref.ragged_gqa_attention(
+        q64, k64, v64, [(r.slot, r.offset, r.start, r.length) for r in packed], k_held, v_held)
+    for i, r in enumerate(packed):
+        sl = slice(r.start, r.start + r.length)
+        run.expect(got[:, :, sl], want[:, :, sl], what=f"output of {_row_name(i, r, stale)}", factor=4)
+    _check_slots(run, slot_kv, packed, shape, stale, (k_held, v_held), (k_want, v_want))
+
+
+for _case, _what, _params in [
+    ("smollm2-decode", "H 9 over 3 key/value heads of 64, 4 slots of 40: decode rows at offsets 20, 39 (the "
+     "last position), 0 and 7", dict(h=9, kv=3, d=64, n_slots=4, length=40,
+                                      rows=[(0, 20, 1), (1, 39, 1), (2, 0, 1), (3, 7, 1)])),
+    ("prompt-beside-decode", "H 14 over 2 key/value heads of 16, 3 slots of 24: a prompt of 6 at offset 0 "
+     "between decode steps at 11 and 23", dict(h=14, kv=2, d=16, n_slots=3, length=24,
+                                                 rows=[(1, 11, 1), (0, 0, 6), (2, 23, 1)])),
+    ("chunks-odd-D", "H 8 over 1 key/value head of 7, 4 slots of 16: chunks of 3 at offset 4 and 5 at 7 in "
+     "slots 3 and 0, a decode step at 9; slot 2 unused, untouched",
+     dict(h=8, kv=1, d=7, n_slots=4, length=16, rows=[(3, 4, 3), (1, 9, 1), (0, 7, 5)])),
+    ("ratio-1-slot-reuse", "H 3 over 3 key/value heads of 5, 3 slots of 24: a prompt of 4 at offset 0 in "
+     "slot 1 over a stale sequence of 20 and one of 1 in slot 2 over a stale 10, beside a decode step at 8; "
+     "as in fresh slots", dict(h=3, kv=3, d=5, n_slots=3, length=24, rows=[(0, 8, 1), (1, 0, 4), (2, 0, 1)],
+                          stale={1: 20, 2: 10})),
+    ("one-row", "H 4 over 2 key/value heads of 8, 2 slots of 12: one row of 4 tokens at offset 3 in slot 1",
+     dict(h=4, kv=2, d=8, n_slots=2, length=12, rows=[(1, 3, 4)])),
+]:
+    _add("ragged_gqa_attention", _case, _what, _ragged_gqa_attention, kind="composition", **_params)
 
 
 # -------------------------------------------------------------------------------------- composition

@@ -173,5 +173,22 @@ def gqa_attention(q, k, v, offset):
     return attention(q, np.repeat(f64(k), r, axis=1), np.repeat(f64(v), r, axis=1), offset)
 
 
+def ragged_gqa_attention(q, k, v, rows, k_slots, v_slots):
+    """`gqa_attention` of a ragged batch, row by row, each row over its own slot only: q [1, H, N, D], k
+    and v [1, Hkv, N, D]; rows: (slot, offset, start, length); k_slots, v_slots: per slot [1, Hkv, P, D].
+    Row r's queries attend its slot's past ``:offset`` (anything after it ignored) and its own new keys
+    and values. Returns (output [1, H, N, D], copies of the slots holding each row's new keys/values)."""
+    q, k, v = f64(q), f64(k), f64(v)
+    out = np.zeros(q.shape)
+    k_slots, v_slots = [f64(a).copy() for a in k_slots], [f64(a).copy() for a in v_slots]
+    for slot, offset, start, length in rows:
+        end = start + length
+        k_slots[slot][:, :, offset : offset + length] = k[:, :, start:end]
+        v_slots[slot][:, :, offset : offset + length] = v[:, :, start:end]
+        out[:, :, start:end] = gqa_attention(q[:, :, start:end], k_slots[slot][:, :, : offset + length],
+                                             v_slots[slot][:, :, : offset + length], offset)
+    return out, k_slots, v_slots
+
+
 def gated_mlp(x, w_gate, w_up, w_down):
     return linear(silu_mul(linear(x, w_gate), linear(x, w_up)), w_down)

@@ -519,14 +519,7 @@ class Llama:
 
         def attend(i: int, blk: Block, h: Array) -> Array:
             q, k, v = self.qkv(be, blk, h, cos, sin)
-            ys = []
-            for r in packed:  # each row writes its own slot and attends to it alone
-                s, e = r.start, r.start + r.length
-                k_cache, v_cache = be.write_kv(*slots.layers[i][r.slot], k[:, :, s:e, :], v[:, :, s:e, :],
-                                               r.offset)
-                slots.layers[i][r.slot] = (k_cache, v_cache)
-                ys.append(be.gqa_attention(q[:, :, s:e, :], k_cache, v_cache, r.offset))
-            y = ys[0] if len(ys) == 1 else be.concat(ys, axis=2)
+            y = be.ragged_gqa_attention(q, k, v, slots.layers[i], packed)  # each row over its own slot
             return be.linear(be.merge_heads(y), blk.o_w, blk.o_b)
 
         def kept(x: Array) -> Array | None:  # the last token of each row that is sampled
