@@ -2460,15 +2460,22 @@ static int64_t items_split(const int64_t *cum, int64_t n, int64_t h, int64_t par
     return lo * h + min64(head, h);
 }
 
-/* The attention of a ragged step from the fused projection: qkv [n, 3, h, d] holds the tokens of R rows
-   one after another (row r: `len[r]` tokens from `start[r]`, at positions off[r] .. of its own caches
-   k[r], v[r], each [h, l[r], d]). Writes every row's new keys and values into its caches, then attends
-   all (token, head) pairs in one parallel loop, into out [n, h, d]. The caches hold float32, or float16
+/* The heads of a ragged step's tokens: head j of token tok at base + tok * tok_s + j * head_s (in floats),
+   d contiguous values; GPT-2's fused projection [n, 3, h, d] and the Llama family's [h, n, d] alike. */
+typedef struct { const float *base; int64_t tok_s, head_s; } TokHeads;
+
+static const float *tok_head(TokHeads x, int64_t tok, int64_t j) { return x.base + tok * x.tok_s + j * x.head_s; }
+
+/* The attention of a ragged step: the queries q of h heads and the new keys kn and values vn of hkv heads
+   (h a multiple of hkv: query head j reads key/value head j / (h / hkv)) of n tokens, R rows one after
+   another (row r: `len[r]` tokens from `start[r]`, at positions off[r] .. of its own caches k[r], v[r],
+   each [hkv, l[r], d]). Writes every row's new keys and values into its caches, then attends all
+   (token, query head) pairs in one parallel loop, into out [n, h, d]. The caches hold float32, or float16
    (h16). Returns 0, -1 out of memory, or KV_OUT_OF_RANGE (nothing attended). */
-static int ragged_attention(const float *qkv, int64_t n, int64_t h, int64_t d, int64_t rows, const int64_t *start,
-                            const int64_t *len, const int64_t *off, void *const *k, void *const *v,
-                            const int64_t *l, float *out, int threads, int h16) {
-    int64_t c = h * d, es = h16 ? 2 : 4;
+static int ragged_attention(TokHeads q, TokHeads kn, TokHeads vn, int64_t n, int64_t h, int64_t hkv, int64_t d,
+                            int64_t rows, const int64_t *start, const int64_t *len, const int64_t *off,
+                            void *const *k, void *const *v, const int64_t *l, float *out, int threads, int h16) {
+    int64_t es = h16 ? 2 : 4, group = h / hkv;
     int bad = 0;
     /* row_of[tok]: the token's row; cum: the keys of the items before each token (items_split) */
     int64_t *row_of = malloc(sizeof(int64_t) * (size_t)(2 * n + 1)), *cum = row_of + n;
@@ -2480,11 +2487,10 @@ static int ragged_attention(const float *qkv, int64_t n, int64_t h, int64_t d, i
             int64_t tok = start[r] + i;
             row_of[tok] = r;
             cum[tok + 1] = cum[tok] + h * (off[r] + i + 1);
-            for (int64_t head = 0; head < h; head++) {
-                const float *src = qkv + tok * 3 * c + head * d;
-                int64_t at = (head * l[r] + off[r] + i) * d * es;
-                bad |= store_kv((char *)k[r] + at, src + c, d, h16);
-                bad |= store_kv((char *)v[r] + at, src + 2 * c, d, h16);
+            for (int64_t j = 0; j < hkv; j++) {
+                int64_t at = (j * l[r] + off[r] + i) * d * es;
+                bad |= store_kv((char *)k[r] + at, tok_head(kn, tok, j), d, h16);
+                bad |= store_kv((char *)v[r] + at, tok_head(vn, tok, j), d, h16);
             }
         }
         if (off[r] + len[r] > most) most = off[r] + len[r];
@@ -2506,20 +2512,21 @@ static int ragged_attention(const float *qkv, int64_t n, int64_t h, int64_t d, i
 #endif
         int64_t first = items_split(cum, n, h, part, parts), end = items_split(cum, n, h, part + 1, parts);
         for (int64_t item = first; item < end; item++) {
-            int64_t tok = item / h, head = item % h, r = row_of[tok];
+            int64_t tok = item / h, head = item % h, r = row_of[tok], kvh = head / group;
             int64_t keys = off[r] + (tok - start[r]) + 1;
-            const float *qi = qkv + tok * 3 * c + head * d;
-            const void *kh = (const char *)k[r] + head * l[r] * d * es, *vh = (const char *)v[r] + head * l[r] * d * es;
-            float *o = out + tok * c + head * d;
+            const float *qi = tok_head(q, tok, head);
+            const void *kh = (const char *)k[r] + kvh * l[r] * d * es, *vh = (const char *)v[r] + kvh * l[r] * d * es;
+            float *o = out + (tok * h + head) * d;
 #if HAVE_X86
             if (simd) {
                 float buf[STACK_KEYS], *s = keys <= STACK_KEYS ? buf : malloc(sizeof(float) * (size_t)keys);
                 if (s) {
-                    /* a decode row's next item's head (see attend_simd) */
-                    int64_t nt = (item + 1) / h, nh = (item + 1) % h;
+                    /* a decode row's next item's key/value head, when it is another one (see attend_simd) */
+                    int64_t nt = (item + 1) / h, nkv = (item + 1) % h / group;
                     int64_t nr = item + 1 < end && len[r] == 1 ? row_of[nt] : -1;
-                    const void *nk = nr >= 0 ? (const char *)k[nr] + nh * l[nr] * d * es : NULL;
-                    const void *nv = nr >= 0 ? (const char *)v[nr] + nh * l[nr] * d * es : NULL;
+                    if (nr == r && nkv == kvh) nr = -1;
+                    const void *nk = nr >= 0 ? (const char *)k[nr] + nkv * l[nr] * d * es : NULL;
+                    const void *nv = nr >= 0 ? (const char *)v[nr] + nkv * l[nr] * d * es : NULL;
                     attend_simd(simd_path(), qi, kh, vh, keys, d, scale, s, o, nk, nv, h16);
                     if (s != buf) free(s);
                     continue;
@@ -3033,6 +3040,66 @@ static PyObject *py_mlp(PyObject *self, PyObject *const *a, Py_ssize_t na) {
     Py_RETURN_TRUE;
 }
 
+/* The KV slots a ragged step's rows use, held from take_slots to release_slots: per row its start, length,
+   offset and cache length (meta: four runs of R), its caches' buffers (ks[r], vs[r]), and whether they
+   hold float16 (h16: all alike). */
+typedef struct { int64_t rows, *meta; void **ks, **vs; Py_buffer *bufs; int held, h16; } Slots;
+
+static void release_slots(Slots *s) {
+    for (int i = 0; i < s->held; i++) PyBuffer_Release(&s->bufs[i]);
+    free(s->meta); free(s->ks); free(s->vs); free(s->bufs);
+    s->meta = NULL; s->ks = s->vs = NULL; s->bufs = NULL; s->held = 0;
+}
+
+/* rows int64 [R, 4] of (slot, offset, start, length), packed in order over n tokens (start = the lengths
+   before it), each slot at most once; slot_kv a list of (k_cache, v_cache) per slot, each [1, hkv, P, d]
+   of float32 or float16 (all alike) with room for its row. 1: taken (release_slots gives them back);
+   0: not what it takes (nothing held); -1: out of memory (nothing held). */
+static int take_slots(PyObject *slot_kv, Py_buffer *rb, int64_t n, int64_t hkv, int64_t d, Slots *s) {
+    int64_t rows = rb->shape[0], slots = PyList_GET_SIZE(slot_kv);
+    const int64_t *rv = rb->buf;
+    *s = (Slots){.rows = rows, .h16 = -1};
+    s->meta = malloc(sizeof(int64_t) * (size_t)(4 * rows));
+    s->ks = malloc(sizeof(void *) * (size_t)rows);
+    s->vs = malloc(sizeof(void *) * (size_t)rows);
+    s->bufs = malloc(sizeof(Py_buffer) * (size_t)(2 * rows));
+    char *used = calloc((size_t)(slots > 0 ? slots : 1), 1);
+    if (!s->meta || !s->ks || !s->vs || !s->bufs || !used) { free(used); release_slots(s); return -1; }
+    int taken = 1;
+    for (int64_t r = 0, next = 0; taken && r < rows; r++) {
+        int64_t slot = rv[4 * r], offset = rv[4 * r + 1], start = rv[4 * r + 2], length = rv[4 * r + 3];
+        if (slot < 0 || slot >= slots || used[slot] || start != next || length < 1 || offset < 0) { taken = 0; break; }
+        used[slot] = 1;
+        next += length;
+        if (r == rows - 1 && next != n) { taken = 0; break; }
+        PyObject *pair = PyList_GET_ITEM(slot_kv, slot);
+        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) { taken = 0; break; }
+        for (int j = 0; j < 2 && taken; j++) {
+            Py_buffer *v = &s->bufs[s->held];
+            if (PyObject_GetBuffer(PyTuple_GET_ITEM(pair, j), v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
+                PyErr_Clear();
+                taken = 0;
+                break;
+            }
+            s->held++;
+            const char *f = v->format ? v->format : "B";
+            if (f[0] == '@' || f[0] == '=') f++;
+            int half = f[0] == 'e' && v->itemsize == 2;
+            if (!(half || (f[0] == 'f' && v->itemsize == 4)) || f[1] != '\0' || v->ndim != 4 || v->shape[0] != 1
+                || v->shape[1] != hkv || v->shape[3] != d || v->shape[2] < offset + length || (s->h16 >= 0 && half != s->h16))
+                taken = 0;
+            s->h16 = half;
+            (j ? s->vs : s->ks)[r] = v->buf;
+        }
+        if (taken && (s->ks[r] == s->vs[r] || s->bufs[s->held - 1].shape[2] != s->bufs[s->held - 2].shape[2])) taken = 0;
+        s->meta[r] = start; s->meta[rows + r] = length; s->meta[2 * rows + r] = offset;
+        if (taken) s->meta[3 * rows + r] = s->bufs[s->held - 1].shape[2];
+    }
+    free(used);
+    if (!taken) release_slots(s);
+    return taken;
+}
+
 /* ragged_self_attention(x, w_attn, b_attn, w_proj, b_proj, slot_kv, rows, n_head, fmt, threads, out): the
    attention block of a ragged step in one call. x [1, n, c]; slot_kv a list of (k_cache, v_cache) per
    slot, each [1, n_head, P, c / n_head]; rows int64 [R, 4] of (slot, offset, start, length), packed in
@@ -3049,76 +3116,89 @@ static PyObject *py_ragged_self_attention(PyObject *self, PyObject *const *a, Py
     const float *b_attn, *b_proj;
     Py_buffer *x = take(&h, a[0], 'f', 3, 0);
     if (!x || n_head < 1 || x->shape[0] != 1 || !PyList_Check(a[5])) NOT_TAKEN;
-    int64_t n = x->shape[1], c = x->shape[2], d = c / n_head, slots = PyList_GET_SIZE(a[5]);
+    int64_t n = x->shape[1], c = x->shape[2], d = c / n_head;
     Py_buffer *wa = take_weight(&h, a[1], 3 * c, c, fmt), *wp = take_weight(&h, a[3], c, c, fmt);
     Py_buffer *rb = take(&h, a[6], 'q', 2, 0), *out = take(&h, a[10], 'f', 3, 1);
     if (!wa || !wp || !rb || !out || !known_format(fmt) || c % n_head || d < 1 || !same_shape(out, x)
         || rb->shape[1] != 4 || rb->shape[0] < 1 || !take_vector(&h, a[2], 3 * c, &b_attn)
         || !take_vector(&h, a[4], c, &b_proj))
         NOT_TAKEN;
-    int64_t rows = rb->shape[0];
-    const int64_t *rv = rb->buf;
-    /* Per row: start, length, offset, cache length, and the two caches' buffers (held until the end). */
-    int64_t *meta = malloc(sizeof(int64_t) * (size_t)(4 * rows));
-    void **kv = malloc(sizeof(void *) * (size_t)(2 * rows));
-    Py_buffer *bufs = malloc(sizeof(Py_buffer) * (size_t)(2 * rows));
-    char *used = calloc((size_t)(slots > 0 ? slots : 1), 1);
-    int held = 0, taken = meta && kv && bufs && used, h16 = -1;  /* h16: float16 caches (all alike) */
-    for (int64_t r = 0, next = 0; taken && r < rows; r++) {
-        int64_t slot = rv[4 * r], offset = rv[4 * r + 1], start = rv[4 * r + 2], length = rv[4 * r + 3];
-        if (slot < 0 || slot >= slots || used[slot] || start != next || length < 1 || offset < 0) { taken = 0; break; }
-        used[slot] = 1;
-        next += length;
-        if (r == rows - 1 && next != n) { taken = 0; break; }
-        PyObject *pair = PyList_GET_ITEM(a[5], slot);
-        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) { taken = 0; break; }
-        for (int j = 0; j < 2 && taken; j++) {
-            Py_buffer *v = &bufs[held];
-            if (PyObject_GetBuffer(PyTuple_GET_ITEM(pair, j), v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
-                PyErr_Clear();
-                taken = 0;
-                break;
-            }
-            held++;
-            const char *f = v->format ? v->format : "B";
-            if (f[0] == '@' || f[0] == '=') f++;
-            int half = f[0] == 'e' && v->itemsize == 2;
-            if (!(half || (f[0] == 'f' && v->itemsize == 4)) || f[1] != '\0' || v->ndim != 4 || v->shape[0] != 1
-                || v->shape[1] != n_head || v->shape[3] != d || v->shape[2] < offset + length || (h16 >= 0 && half != h16))
-                taken = 0;
-            h16 = half;
-            kv[2 * r + j] = v->buf;
-        }
-        if (taken && (kv[2 * r] == kv[2 * r + 1] || bufs[held - 1].shape[2] != bufs[held - 2].shape[2])) taken = 0;
-        meta[r] = start; meta[rows + r] = length; meta[2 * rows + r] = offset;
-        if (taken) meta[3 * rows + r] = bufs[held - 1].shape[2];
-    }
-    float *qkv = NULL;
-    void **ks = NULL, **vs = NULL;
-    if (taken) {
-        qkv = malloc(sizeof(float) * (size_t)(n * 4 * c));  /* qkv [n, 3c], then y [n, c] */
-        ks = malloc(sizeof(void *) * (size_t)rows);
-        vs = malloc(sizeof(void *) * (size_t)rows);
-    }
-    int rc = 0;
-    if (taken && qkv && ks && vs) {
-        for (int64_t r = 0; r < rows; r++) { ks[r] = kv[2 * r]; vs[r] = kv[2 * r + 1]; }
+    Slots s;
+    int taken = take_slots(a[5], rb, n, n_head, d, &s), rc = 0;
+    float *qkv = taken > 0 ? malloc(sizeof(float) * (size_t)(n * 4 * c)) : NULL;  /* qkv [n, 3c], then y [n, c] */
+    if (taken > 0 && qkv) {
         float *y = qkv + n * 3 * c;
+        int64_t *m = s.meta, rows = s.rows;
+        TokHeads q = {qkv, 3 * c, d}, kn = {qkv + c, 3 * c, d}, vn = {qkv + 2 * c, 3 * c, d};
         Py_BEGIN_ALLOW_THREADS
         rc = product(x->buf, n, c, wa->buf, 3 * c, b_attn, qkv, (int)fmt, (int)threads, 0);
-        if (!rc) rc = ragged_attention(qkv, n, n_head, d, rows, meta, meta + rows, meta + 2 * rows, ks, vs,
-                                       meta + 3 * rows, y, (int)threads, h16);
+        if (!rc) rc = ragged_attention(q, kn, vn, n, n_head, n_head, d, rows, m, m + rows, m + 2 * rows, s.ks, s.vs,
+                                       m + 3 * rows, y, (int)threads, s.h16);
         if (!rc) rc = product(y, n, c, wp->buf, c, b_proj, out->buf, (int)fmt, (int)threads, 0);
         Py_END_ALLOW_THREADS
-    } else if (taken) {
+    } else if (taken > 0) {
         rc = -1;
     }
-    for (int i = 0; i < held; i++) PyBuffer_Release(&bufs[i]);
-    int oom = !(meta && kv && bufs && used) || rc;
-    free(meta); free(kv); free(bufs); free(used); free(qkv); free(ks); free(vs);
+    if (taken > 0) release_slots(&s);
+    free(qkv);
     release(&h);
     if (rc == KV_OUT_OF_RANGE) return kv_out_of_range();
-    if (oom) return PyErr_NoMemory();
+    if (taken < 0 || rc) return PyErr_NoMemory();
+    if (!taken) Py_RETURN_FALSE;
+    Py_RETURN_TRUE;
+}
+
+/* The buffer of `o` as a ragged step's heads [1, heads, n, d] (float32, native byte order, d contiguous,
+   any strides elsewhere: the view of a projection the Llama family's `heads` returns) into *x; NULL if it
+   is not that. */
+static Py_buffer *take_heads(Held *h, PyObject *o, TokHeads *x) {
+    if (h->n == MAX_HELD) return NULL;
+    Py_buffer *v = &h->v[h->n];
+    if (PyObject_GetBuffer(o, v, PyBUF_STRIDES | PyBUF_FORMAT) < 0) {
+        PyErr_Clear();
+        return NULL;
+    }
+    h->n++;
+    const char *f = v->format ? v->format : "B";
+    if (f[0] == '@' || f[0] == '=') f++;
+    if (f[0] != 'f' || f[1] != '\0' || v->itemsize != 4 || v->ndim != 4 || v->shape[0] != 1
+        || (v->shape[3] > 1 && v->strides[3] != 4) || v->strides[1] % 4 || v->strides[2] % 4)
+        return NULL;
+    *x = (TokHeads){v->buf, v->strides[2] / 4, v->strides[1] / 4};
+    return v;
+}
+
+/* ragged_attention(q, k, v, slot_kv, rows, threads, out): the Llama family's ragged step's attention in one
+   call: q [1, h, n, d], the new keys k and values v [1, hkv, n, d] (views with any strides but d's); slot_kv
+   and rows as ragged_self_attention's, each cache [1, hkv, P, d]; each row's keys and values written into
+   its slot, and the attention of its queries over that slot alone into out [1, n, h, d]. */
+static PyObject *py_ragged_attention(PyObject *self, PyObject *const *a, Py_ssize_t na) {
+    (void)self;
+    Held h = {.n = 0};
+    int64_t threads;
+    if (!check_nargs(na, 7, "ragged_attention") || !as_int64(a[5], &threads)) return NULL;
+    TokHeads q, kn, vn;
+    Py_buffer *qb = take_heads(&h, a[0], &q), *kb = take_heads(&h, a[1], &kn), *vb = take_heads(&h, a[2], &vn);
+    Py_buffer *rb = take(&h, a[4], 'q', 2, 0), *out = take(&h, a[6], 'f', 4, 1);
+    if (!qb || !kb || !vb || !rb || !out || !PyList_Check(a[3])) NOT_TAKEN;
+    int64_t hq = qb->shape[1], n = qb->shape[2], d = qb->shape[3], hkv = kb->shape[1];
+    if (hkv < 1 || hq % hkv || d < 1 || n < 1 || kb->shape[2] != n || kb->shape[3] != d || !same_shape(kb, vb)
+        || out->shape[0] != 1 || out->shape[1] != n || out->shape[2] != hq || out->shape[3] != d
+        || rb->shape[1] != 4 || rb->shape[0] < 1)
+        NOT_TAKEN;
+    Slots s;
+    int taken = take_slots(a[3], rb, n, hkv, d, &s), rc = 0;
+    if (taken > 0) {
+        int64_t *m = s.meta, rows = s.rows;
+        Py_BEGIN_ALLOW_THREADS
+        rc = ragged_attention(q, kn, vn, n, hq, hkv, d, rows, m, m + rows, m + 2 * rows, s.ks, s.vs, m + 3 * rows,
+                              out->buf, (int)threads, s.h16);
+        Py_END_ALLOW_THREADS
+        release_slots(&s);
+    }
+    release(&h);
+    if (rc == KV_OUT_OF_RANGE) return kv_out_of_range();
+    if (taken < 0 || rc) return PyErr_NoMemory();
     if (!taken) Py_RETURN_FALSE;
     Py_RETURN_TRUE;
 }
@@ -3308,6 +3388,8 @@ static PyMethodDef functions[] = {
                          "threads, out) -> bool: a decode step's attention block."),
     FAST(ragged_self_attention, "ragged_self_attention(x, w_attn, b_attn, w_proj, b_proj, slot_kv, rows, "
                                 "n_head, fmt, threads, out) -> bool: a ragged step's attention block."),
+    FAST(ragged_attention, "ragged_attention(q, k, v, slot_kv, rows, threads, out) -> bool: the Llama family's "
+                           "ragged step's attention (grouped-query), the new keys and values written first."),
     FAST(mlp, "mlp(x, w_fc, f, b_fc, w_proj, b_proj, fmt, threads, out) -> bool: a decode step's MLP."),
     FAST(rms_norm, "rms_norm(x, gamma, eps, out) -> bool: RMS norm over the last axis."),
     FAST(silu_mul, "silu_mul(gate, up, out) -> bool: silu(gate) * up, elementwise."),

@@ -560,6 +560,19 @@ class HalfBackend(NumpyBackend):
         with _one_blas_thread():  # NumPy's batched matmul over the groups (see `attention`)
             return super().gqa_attention(q, k_cache, v_cache, offset)
 
+    def ragged_gqa_attention(self, q, k, v, slot_kv, rows):
+        n = q.shape[2]
+        if _KERNELS is not None and n <= RAGGED_TOKENS and isinstance(slot_kv, list):
+            # One C call a layer for the whole step, as GPT-2's `ragged_self_attention`: every row's cache
+            # writes and the attention of all (token, head) pairs split among the threads (the default
+            # makes two calls a row). It writes [1, N, H, D], the layout o_proj takes: `merge_heads` of
+            # the transposed view is a reshape, no copy.
+            out = np.empty((1, n, q.shape[1], q.shape[3]), np.float32)
+            table = np.array([(r.slot, r.offset, r.start, r.length) for r in rows], dtype=np.int64)
+            if _KERNELS.ragged_attention(q, k, v, slot_kv, table, self.threads, out):
+                return out.transpose(0, 2, 1, 3)
+        return super().ragged_gqa_attention(q, k, v, slot_kv, rows)
+
     def _matmul(self, x: np.ndarray, w: Weight16, b: np.ndarray | None, gelu: bool = False) -> np.ndarray:
         """[M, K] float32 @ the [K, N] that `w` holds, + b (then gelu_new, with `gelu`): the kernel, or
         BLAS on weights unpacked a slice at a time where the kernel is not built (or declines)."""

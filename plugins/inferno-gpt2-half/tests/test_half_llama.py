@@ -1,7 +1,8 @@
 """inferno-gpt2-half's Llama-family kernels: `rms_norm`, `rotary` and `silu_mul` in C on every SIMD path
 this CPU can run (AVX-512, AVX2 + FMA, portable C), `gqa_attention` in one C call that reads each group's
-key/value head in place, the Llama family's matrices kept in 16 or 8 bits, and a random Llama-family model
-run on them with no default of the base class called."""
+key/value head in place, a ragged step's `ragged_gqa_attention` in one C call, the Llama family's matrices
+kept in 16 or 8 bits, and a random Llama-family model run on them with no default of the base class
+called."""
 
 from __future__ import annotations
 
@@ -178,6 +179,133 @@ def test_gqa_attention_of_a_long_prompt(simd, monkeypatch, h, kv, d, offset):
     got = HalfBackend(threads=2).gqa_attention(q, k, v, offset)
     close(got, ref.gqa_attention(q, k[:, :, :s], v[:, :, :s], offset), rtol=2e-5)
     assert [c for c in counting.calls if c != "simd"] == (["attention"] if tiles else [])
+
+
+def _ragged_gqa_case(h, kv, d, rows, length, kv_dtype=np.float32, seed=0):
+    """q, k, v, slots and RaggedRows of a Llama-family ragged step: rows = (slot, offset, tokens); q, k and
+    v views of their projections as `heads` gives them; every slot's caches random (garbage past each
+    row's offset, which it must overwrite or ignore), one more slot than the rows use (untouched)."""
+    from inferno.backends.base import RaggedRow
+
+    rng = np.random.default_rng(seed)
+    packed, n = [], 0
+    for slot, offset, t in rows:
+        packed.append(RaggedRow(slot, offset, n, t))
+        n += t
+    q, k, v = (NumpyBackend().heads(rng.standard_normal((1, n, heads * d)).astype(np.float32), heads)
+               for heads in (h, kv, kv))
+    slots = [tuple(rng.standard_normal((1, kv, length, d)).astype(kv_dtype) for _ in "kv")
+             for _ in range(max(r[0] for r in rows) + 2)]
+    return q, k, v, slots, packed
+
+
+RAGGED_GQA = [
+    # (query heads, key/value heads, head size, rows (slot, offset, tokens), cache length)
+    (9, 3, 64, [(0, 20, 1), (1, 39, 1), (2, 0, 1), (3, 7, 1)], 40),            # SmolLM2: decode rows
+    (14, 2, 64, [(1, 11, 1), (0, 0, 9), (2, 23, 1), (4, 30, 1)], 32),          # Qwen2.5: a prompt among them
+    (4, 4, 16, [(0, 7, 5), (1, 0, 1), (4, 13, 1), (3, 2, 7), (2, 30, 1)], 32),  # ratio 1, split mid-token
+    (8, 1, 7, [(0, 4, 3), (2, 9, 1)], 16),                                     # ratio 8, odd D: portable
+    (6, 2, 16, [(1, 4500, 2), (0, 3, 1)], 4600),                               # past STACK_KEYS keys
+]
+
+
+@pytest.mark.parametrize("kv_dtype", [np.float32, np.float16], ids=["kv32", "kv16"])
+@pytest.mark.parametrize(("h", "kv", "d", "rows", "length"), RAGGED_GQA)
+def test_ragged_gqa_attention_is_one_c_call_for_the_step(simd, no_defaults, monkeypatch, kv_dtype, h, kv, d,
+                                                         rows, length):
+    # Every row's cache writes and attention in one call (the default's write_kv and gqa_attention per row
+    # refused), against each row's batch-1 attention in float64 over the caches as they were; the caches
+    # hold the new keys and values (rounded to float16 in a float16 cache), the rest kept.
+    monkeypatch.setattr(Backend, "ragged_gqa_attention",
+                        lambda *a: (_ for _ in ()).throw(AssertionError("the default ran")))
+    counting = _Counting(hb._KERNELS)
+    monkeypatch.setattr(hb, "_KERNELS", counting)
+    q, k, v, slots, packed = _ragged_gqa_case(h, kv, d, rows, length, kv_dtype)
+    before = [tuple(a.astype(np.float64) for a in pair) for pair in slots]
+    k16, v16 = (a.astype(kv_dtype).astype(np.float64) for a in (k, v))  # what a cache of kv_dtype keeps
+    got = HalfBackend(threads=2).ragged_gqa_attention(q, k, v, slots, packed)
+    assert [c for c in counting.calls if c != "simd"] == ["ragged_attention"]
+    table = [(r.slot, r.offset, r.start, r.length) for r in packed]
+    want, k_want, v_want = ref.ragged_gqa_attention(q, k16, v16, table, [a for a, _ in before],
+                                                    [b for _, b in before])
+    close(got, want, rtol=2e-5 if kv_dtype is np.float32 else 1e-4)
+    for slot, (kc, vc) in enumerate(slots):
+        np.testing.assert_array_equal(kc, k_want[slot])
+        np.testing.assert_array_equal(vc, v_want[slot])
+
+
+def _ragged_gqa_args(rows=((0, 5, 2), (2, 11, 3), (1, 0, 1))):
+    q, k, v, slots, packed = _ragged_gqa_case(6, 2, 16, list(rows), 32)
+    table = np.array([(r.slot, r.offset, r.start, r.length) for r in packed], dtype=np.int64)
+    return [q, k, v, slots, table, 2, np.empty((1, q.shape[2], 6, 16), np.float32)]
+
+
+RAGGED_GQA_DECLINED = [
+    (0, lambda q: q[:, :5]),                                     # query heads not a multiple of 2
+    (0, lambda q: q.astype(np.float64)),
+    (0, lambda q: q[..., ::2]),                                  # the head's values not contiguous
+    (1, lambda k: k[:, :, :5]),                                  # keys for fewer tokens than the queries
+    (2, lambda v: v[:, :1]),                                     # values of another head count
+    (3, lambda s: tuple(s)),                                     # slot_kv not a list
+    (3, lambda s: [s[0], s[1], tuple(a[:, :, :13] for a in s[2]), *s[3:]]),  # no room for row 1
+    (3, lambda s: [s[0], (s[1][0], s[1][0]), *s[2:]]),          # one array as both caches
+    (3, lambda s: [s[0], s[1], tuple(a[:, :1] for a in s[2]), *s[3:]]),      # a cache of 1 kv head
+    (3, lambda s: [s[0], s[1], (s[2][0], s[2][1].astype(np.float16)), *s[3:]]),  # float16 beside float32
+    (4, lambda t: t.astype(np.int32)),
+    (4, lambda t: np.array([[0, 5, 0, 2], [0, 11, 2, 3], [1, 0, 5, 1]])),  # a slot twice
+    (4, lambda t: np.array([[0, 5, 0, 2], [2, 11, 2, 3]])),                # rows cover 5 of 6 tokens
+    (6, lambda o: o[:, :, :5]),                                  # out not [1, n, h, d]
+    (6, lambda o: _read_only(o)),
+]
+
+
+@needs_kernels
+@pytest.mark.parametrize(("i", "change"), RAGGED_GQA_DECLINED)
+def test_ragged_attention_declines_what_it_does_not_take(i, change):
+    # The backend then runs the default composition: nothing may have been computed or written.
+    args = _ragged_gqa_args()
+    slots = [tuple(a.copy() for a in pair) for pair in args[3]]
+    args[i] = change(args[i])
+    args[6] = np.full_like(args[6], 7.0) if i != 6 else args[6]
+    before = np.array(args[6], copy=True)
+    assert hb._KERNELS.ragged_attention(*args) is False
+    np.testing.assert_array_equal(args[6], before)
+    for pair, fresh in zip(args[3] if i != 3 else _ragged_gqa_args()[3], slots, strict=True):
+        for a, b in zip(pair, fresh, strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
+@needs_kernels
+@pytest.mark.parametrize("fmt", ["float16", "int8", "q4"])
+def test_a_llama_ragged_step_gives_each_row_its_batch_1_logits(monkeypatch, fmt):
+    # Three sequences' prompts, then their decode steps, through forward_ragged (the rows' attention one C
+    # call a layer) against each sequence run alone through forward. int8 and q4 are bit for bit (integer
+    # sums: the same arithmetic whoever shares the step); the 16-bit products of 1, 3 or 27 rows may sum
+    # in another order, a float32 rounding or two apart.
+    from inferno.models.llama import LlamaConfig, from_state_dict
+    from inferno.testing import llama_config, llama_state_dict
+
+    cfg = llama_config("llama", num_attention_heads=6, num_key_value_heads=2, hidden_size=96)
+    config = LlamaConfig.from_dict(cfg)
+    model = from_state_dict(config, llama_state_dict(cfg, seed=3), HalfBackend(fmt, threads=2))
+    ids = np.random.default_rng(4).integers(0, config.vocab_size, (3, 12)).tolist()
+    alone = []
+    for seq in ids:
+        cache = model.new_cache(1)
+        model.forward(np.asarray([seq[:9]]), cache)
+        alone.append(model.forward(np.asarray([seq[9:12]]), cache, all_logits=True)[0])
+    refuse_defaults(monkeypatch)
+    monkeypatch.setattr(Backend, "ragged_gqa_attention",
+                        lambda *a: (_ for _ in ()).throw(AssertionError("the default ran")))
+    slots = model.new_slots(3)
+    model.forward_ragged([(seq[:9], r, 0) for r, seq in enumerate(ids)], slots)
+    for i in range(9, 12):
+        got = model.forward_ragged([(seq[i : i + 1], r, i) for r, seq in enumerate(ids)], slots)
+        for r in range(3):
+            if fmt == "float16":
+                close(got[r], alone[r][i - 9], rtol=1e-5)
+            else:
+                np.testing.assert_array_equal(got[r], alone[r][i - 9])
 
 
 # Arguments of each new C function, and changes it must decline (False, computing nothing): the wrong
