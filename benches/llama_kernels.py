@@ -24,6 +24,8 @@ With ``--ragged N``, N sequences instead run through `Llama.forward_ragged` as t
 them (each prompt its own step, then decode steps of all N rows together; ms per decoded token = a step
 over N), and the variant ``rowwise`` is the plugin as it is but for `ragged_gqa_attention`, which runs
 the base class's default (`write_kv` and `gqa_attention` once per row): what the one-call kernel gains.
+The variant ``unfused`` is the plugin as it is but for `gated_mlp`, the base class's composition (three
+`linear` calls and `silu_mul`): what the plugin's one-call MLP gains.
 
     python benches/llama_kernels.py --backends half:dtype=q4,half:dtype=int8 --ragged 16 \
         --variants rowwise,native --prompt-tokens 64 --repeat 5
@@ -65,9 +67,9 @@ def variant(backend: Backend, kind: str) -> Backend:
     if kind == "native":
         return backend
     cls = type(backend)
-    if kind == "rowwise":
-        ns = {"ragged_gqa_attention": Backend.ragged_gqa_attention}
-        backend.__class__ = type(f"{cls.__name__}_{kind}", (cls,), ns)
+    if kind in ("rowwise", "unfused"):
+        name = "ragged_gqa_attention" if kind == "rowwise" else "gated_mlp"
+        backend.__class__ = type(f"{cls.__name__}_{kind}", (cls,), {name: getattr(Backend, name)})
         return backend
     # The nearest built-in ancestor: what the plugin inherited its Llama kernels from.
     parent = next(c for c in cls.__mro__[1:] if c.__module__.startswith("inferno.backends."))
@@ -144,7 +146,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--variants", default="defaults,before,native",
-                    help="of defaults, before, rowwise, native")
+                    help="of defaults, before, rowwise, unfused, native")
     ap.add_argument("--ragged", type=int, default=0, metavar="N", help="N sequences through forward_ragged")
     ap.add_argument("--shape", choices=SHAPES, default="smollm2-135m")
     args = ap.parse_args()

@@ -3040,6 +3040,36 @@ static PyObject *py_mlp(PyObject *self, PyObject *const *a, Py_ssize_t na) {
     Py_RETURN_TRUE;
 }
 
+/* gated_mlp(x, w_gate, w_up, f, w_down, fmt, threads, out): out [m, c] = (silu(x [m, c] @ w_gate) * (x @ w_up))
+   @ w_down (w_gate and w_up f rows, w_down c rows; no biases): the Llama family's MLP in one call, as `mlp`
+   is GPT-2's (the same products and silu_mul as the three calls it replaces, so the same bits). */
+static PyObject *py_gated_mlp(PyObject *self, PyObject *const *a, Py_ssize_t na) {
+    (void)self;
+    Held h = {.n = 0};
+    int64_t f, fmt, threads;
+    if (!check_nargs(na, 8, "gated_mlp") || !as_int64(a[3], &f) || !as_int64(a[5], &fmt) || !as_int64(a[6], &threads))
+        return NULL;
+    Py_buffer *x = take(&h, a[0], 'f', 2, 0);
+    if (!x) NOT_TAKEN;
+    int64_t m = x->shape[0], c = x->shape[1];
+    Py_buffer *wg = take_weight(&h, a[1], f, c, fmt), *wu = take_weight(&h, a[2], f, c, fmt);
+    Py_buffer *wd = take_weight(&h, a[4], c, f, fmt), *out = take(&h, a[7], 'f', 2, 1);
+    if (!wg || !wu || !wd || !out || !known_format(fmt) || !same_shape(out, x) || m < 1) NOT_TAKEN;
+    float *gate = malloc(sizeof(float) * (size_t)(2 * m * f)), *up = gate + m * f;
+    if (!gate) { release(&h); return PyErr_NoMemory(); }
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = product(x->buf, m, c, wg->buf, f, NULL, gate, (int)fmt, (int)threads, 0);
+    if (!rc) rc = product(x->buf, m, c, wu->buf, f, NULL, up, (int)fmt, (int)threads, 0);
+    if (!rc) silu_mul_all(gate, up, m * f, gate);
+    if (!rc) rc = product(gate, m, f, wd->buf, c, NULL, out->buf, (int)fmt, (int)threads, 0);
+    Py_END_ALLOW_THREADS
+    free(gate);
+    release(&h);
+    if (rc) return PyErr_NoMemory();
+    Py_RETURN_TRUE;
+}
+
 /* The KV slots a ragged step's rows use, held from take_slots to release_slots: per row its start, length,
    offset and cache length (meta: four runs of R), its caches' buffers (ks[r], vs[r]), and whether they
    hold float16 (h16: all alike). */
@@ -3388,6 +3418,8 @@ static PyMethodDef functions[] = {
                          "threads, out) -> bool: a decode step's attention block."),
     FAST(ragged_self_attention, "ragged_self_attention(x, w_attn, b_attn, w_proj, b_proj, slot_kv, rows, "
                                 "n_head, fmt, threads, out) -> bool: a ragged step's attention block."),
+    FAST(gated_mlp, "gated_mlp(x, w_gate, w_up, f, w_down, fmt, threads, out) -> bool: the Llama family's MLP "
+                    "(silu(x @ w_gate) * (x @ w_up)) @ w_down in one call."),
     FAST(ragged_attention, "ragged_attention(q, k, v, slot_kv, rows, threads, out) -> bool: the Llama family's "
                            "ragged step's attention (grouped-query), the new keys and values written first."),
     FAST(mlp, "mlp(x, w_fc, f, b_fc, w_proj, b_proj, fmt, threads, out) -> bool: a decode step's MLP."),

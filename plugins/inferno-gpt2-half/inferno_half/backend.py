@@ -550,6 +550,17 @@ class HalfBackend(NumpyBackend):
                 return out
         return super().silu_mul(gate, up)
 
+    def gated_mlp(self, x, w_gate, w_up, w_down):
+        if _KERNELS is not None and all(type(w) is Weight16 for w in (w_gate, w_up, w_down)):
+            # One C call for the three products and silu_mul between them, as GPT-2's `mlp` (at one token a
+            # step the calls cost more than the work; docs/benchmarks.md).
+            rows = _f32(x.reshape(-1, x.shape[-1]))
+            out = np.empty((rows.shape[0], w_down.rows[0]), np.float32)
+            if _KERNELS.gated_mlp(rows, w_gate.blocks, w_up.blocks, w_gate.rows[0], w_down.blocks, self._code,
+                                  self.threads, out):
+                return out.reshape(x.shape)
+        return super().gated_mlp(x, w_gate, w_up, w_down)
+
     def gqa_attention(self, q, k_cache, v_cache, offset):
         if _in_c(q):
             # As `attention`: one C call, each query head reading its group's key/value head in place.

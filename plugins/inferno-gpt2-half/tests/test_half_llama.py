@@ -181,6 +181,45 @@ def test_gqa_attention_of_a_long_prompt(simd, monkeypatch, h, kv, d, offset):
     assert [c for c in counting.calls if c != "simd"] == (["attention"] if tiles else [])
 
 
+@pytest.mark.parametrize("fmt", ["float16", "bfloat16", "int8", "q4"])
+@pytest.mark.parametrize(("m", "c", "inner"), [(1, 64, 96), (5, 64, 160), (70, 32, 64), (3, 40, 50)])
+def test_gated_mlp_is_one_c_call_with_the_bits_of_its_three(simd, monkeypatch, fmt, m, c, inner):
+    # The fused call runs the same products and silu_mul as the composition (Backend.gated_mlp: gate and
+    # up products, silu_mul, the down product, each its own C call), so the same bits; odd sizes included.
+    rng = np.random.default_rng(m * 1000 + inner)
+    be = HalfBackend(fmt, threads=2)
+    w = [be.prepare_weight(f"model.layers.0.mlp.{n}_proj.weight",
+                           np.asfortranarray(rng.standard_normal(shape).astype(np.float32) * 0.2))
+         for n, shape in (("gate", (c, inner)), ("up", (c, inner)), ("down", (inner, c)))]
+    x = rng.standard_normal((1, m, c)).astype(np.float32)
+    counting = _Counting(hb._KERNELS)
+    monkeypatch.setattr(hb, "_KERNELS", counting)
+    got = be.gated_mlp(x, *w)
+    assert [k for k in counting.calls if k != "simd"] == ["gated_mlp"]
+    np.testing.assert_array_equal(got, Backend.gated_mlp(be, x, *w))
+
+
+@needs_kernels
+def test_gated_mlp_declines_what_it_does_not_take():
+    rng = np.random.default_rng(0)
+    be = HalfBackend("int8", threads=2)
+    wg, wu = (be.prepare_weight("model.layers.0.mlp.up_proj.weight",
+                                rng.standard_normal((16, 48)).astype(np.float32)) for _ in range(2))
+    wd = be.prepare_weight("model.layers.0.mlp.down_proj.weight",
+                           rng.standard_normal((48, 16)).astype(np.float32))
+    x = rng.standard_normal((3, 16)).astype(np.float32)
+    args = [x, wg.blocks, wu.blocks, 48, wd.blocks, be._code, 2, np.full((3, 16), 7.0, np.float32)]
+    assert hb._KERNELS.gated_mlp(*args) is True
+    for i, change in [(0, lambda a: a[:, :15]), (1, lambda a: wd.blocks), (3, lambda f: 80),
+                      (4, lambda a: wg.blocks), (7, lambda o: o[:2]), (7, lambda o: _read_only(o))]:
+        bad = list(args)
+        bad[i] = change(bad[i])
+        bad[7] = bad[7] if i == 7 else np.full((3, 16), 7.0, np.float32)
+        before = np.array(bad[7], copy=True)
+        assert hb._KERNELS.gated_mlp(*bad) is False, f"argument {i} changed"
+        np.testing.assert_array_equal(bad[7], before)
+
+
 def _ragged_gqa_case(h, kv, d, rows, length, kv_dtype=np.float32, seed=0):
     """q, k, v, slots and RaggedRows of a Llama-family ragged step: rows = (slot, offset, tokens); q, k and
     v views of their projections as `heads` gives them; every slot's caches random (garbage past each
