@@ -17,15 +17,16 @@ weights and timed in turn, round after round (the machine is shared: compare the
   compute-dtype (`torch`) arrays, with no 16/8-bit or oneDNN packing.
 * ``native``: the plugin as it is.
 
-Reports the median time per prompt token and per decoded token of each variant and its ratio to
-``native``.
+Reports the median time per prompt token and per decoded token of each variant, and the median over the
+rounds of its ratio to ``native`` in the same round.
 
 With ``--ragged N``, N sequences instead run through `Llama.forward_ragged` as the batching engine runs
 them (each prompt its own step, then decode steps of all N rows together; ms per decoded token = a step
 over N), and the variant ``rowwise`` is the plugin as it is but for `ragged_gqa_attention`, which runs
 the base class's default (`write_kv` and `gqa_attention` once per row): what the one-call kernel gains.
 The variant ``unfused`` is the plugin as it is but for `gated_mlp`, the base class's composition (three
-`linear` calls and `silu_mul`): what the plugin's one-call MLP gains.
+`linear` calls and `silu_mul`): what the plugin's one-call MLP gains; ``separate`` but for `linears`, a
+`linear` call for each of q, k and v.
 
     python benches/llama_kernels.py --backends half:dtype=q4,half:dtype=int8 --ragged 16 \
         --variants rowwise,native --prompt-tokens 64 --repeat 5
@@ -48,6 +49,8 @@ from inferno.testing import llama_state_dict
 KERNELS = ("embed_tokens", "heads", "rms_norm", "rotary", "silu_mul", "gqa_attention", "ragged_gqa_attention")
 #: The Llama family's matrices (under "model."): what the plugins did not pack before.
 LLAMA_MATRICES = ("_proj.weight", "model.embed_tokens.weight")
+#: The variants that are the plugin as it is but for one kernel, the base class's default.
+ONE_DEFAULT = {"rowwise": "ragged_gqa_attention", "unfused": "gated_mlp", "separate": "linears"}
 SMOLLM2_135M = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 576,
                 "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
                 "num_key_value_heads": 3, "vocab_size": 49152, "max_position_embeddings": 8192,
@@ -67,8 +70,8 @@ def variant(backend: Backend, kind: str) -> Backend:
     if kind == "native":
         return backend
     cls = type(backend)
-    if kind in ("rowwise", "unfused"):
-        name = "ragged_gqa_attention" if kind == "rowwise" else "gated_mlp"
+    if kind in ONE_DEFAULT:
+        name = ONE_DEFAULT[kind]
         backend.__class__ = type(f"{cls.__name__}_{kind}", (cls,), {name: getattr(Backend, name)})
         return backend
     # The nearest built-in ancestor: what the plugin inherited its Llama kernels from.
@@ -146,7 +149,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--variants", default="defaults,before,native",
-                    help="of defaults, before, rowwise, unfused, native")
+                    help="of defaults, before, rowwise, unfused, separate, native")
     ap.add_argument("--ragged", type=int, default=0, metavar="N", help="N sequences through forward_ragged")
     ap.add_argument("--shape", choices=SHAPES, default="smollm2-135m")
     args = ap.parse_args()
@@ -171,10 +174,14 @@ def main() -> None:
                 runs[k].append(run(models[k], ids, args.new_tokens))
         med = {k: (statistics.median(r[0] for r in v), statistics.median(r[1] for r in v))
                for k, v in runs.items()}
-        base = med.get("native")
+        base = runs.get("native")
         for k in kinds:
             p, d = med[k]
-            ratio = f"{p / base[0]:.2f} / {d / base[1]:.2f}" if base else ""
+            ratio = ""
+            if base:  # the median of the per-round ratios: a round's variants ran back to back
+                rp = statistics.median(r[0] / b[0] for r, b in zip(runs[k], base, strict=True))
+                rd = statistics.median(r[1] / b[1] for r, b in zip(runs[k], base, strict=True))
+                ratio = f"{rp:.2f} / {rd:.2f}"
             print(f"{spec:<22} {k:<10} {1e3 * p:>15.2f} {1e3 * d:>14.2f} {ratio:>17}")
         for m in models.values():
             m.backend.close()

@@ -337,7 +337,8 @@ def test_random_weights_keep_every_tensor_in_play():
 
 # --------------------------------------------------------------------------------- conformance suite
 
-LLAMA_KERNELS = ["embed_tokens", "heads", "rms_norm", "rotary", "silu_mul", "gqa_attention", "gated_mlp"]
+LLAMA_KERNELS = ["embed_tokens", "heads", "linears", "rms_norm", "rotary", "silu_mul", "gqa_attention",
+                 "gated_mlp", "ragged_gqa_attention"]
 
 
 def llama_checks(kernels=LLAMA_KERNELS):
@@ -380,12 +381,26 @@ class NoEpsilon(NumpyBackend):
         return super().rms_norm(x, gamma, 0.0)
 
 
+class LinearsReversed(NumpyBackend):
+    """Hands the projections back in the reverse order (v, k, q)."""
+
+    def linears(self, x, weights, biases):
+        return super().linears(x, weights, biases)[::-1]
+
+
+class LinearsWithoutBiases(NumpyBackend):
+    def linears(self, x, weights, biases):
+        return super().linears(x, weights, [None] * len(weights))
+
+
 @pytest.mark.parametrize("broken, kernel, caught, in_the_model", [
     # With one key/value head, h % 1 == h // H: the ratio-8 case cannot tell them apart.
     (GroupsByModulo, "gqa_attention", {"ratio-3-smollm2", "ratio-3-decode", "ratio-7-qwen2.5", "odd-D5"},
      True),
     (InterleavedRotary, "rotary", {"prefill", "past-4096", "ragged-positions"}, True),
     (NoEpsilon, "rms_norm", {"small-values"}, False),
+    (LinearsReversed, "linears", {"smollm2-qkv", "qwen2-qkv-bias", "odd-two"}, True),
+    (LinearsWithoutBiases, "linears", {"qwen2-qkv-bias", "odd-two"}, True),
 ])
 def test_the_conformance_suite_names_a_broken_llama_kernel(broken, kernel, caught, in_the_model):
     from inferno.conformance import all_checks

@@ -241,6 +241,12 @@ class Backend(ABC):
         ys = [self.attention(q[:, j::r, :, :], k_cache, v_cache, offset) for j in range(r)]
         return self.concat([ys[h % r][:, h // r : h // r + 1, :, :] for h in range(n_head)], axis=1)
 
+    def linears(self, x: Array, weights: Sequence[Array], biases: Sequence[Array | None]) -> list[Array]:
+        """`linear` of one input by several weights (the projections that read the same input: the Llama
+        family's q, k and v): ``[linear(x, w, b) for w, b in zip(weights, biases)]``, each [..., its out].
+        Default: exactly that; a backend may run them as one product (x read once, one parallel loop)."""
+        return [self.linear(x, w, b) for w, b in zip(weights, biases, strict=True)]
+
     def ragged_gqa_attention(
         self, q: Array, k: Array, v: Array, slot_kv: list[tuple[Array, Array]], rows: Sequence[RaggedRow]
     ) -> Array:

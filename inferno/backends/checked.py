@@ -302,13 +302,27 @@ class _Guard:
     def linear(self, x, w, b):
         out = self._call("linear", x, w, b)
         if self.shapes:
-            w_shape = _shape(w)  # [in, out]; a packed weight may have no usable shape: then only the rank
-            lead = (_shape(x) or ())[:-1]
-            if w_shape is not None and len(w_shape) == 2:
-                self._expect("linear", out, (*lead, w_shape[1]))
-            elif (got := _shape(out)) is None or got[:-1] != lead:
-                raise self._fail("linear", f"returned an array of shape {got}, expected {(*lead, '...')}")
+            self._expect_product("linear", x, w, out)
         return out
+
+    def _expect_product(self, kernel: str, x: Any, w: Any, out: Any) -> None:
+        w_shape = _shape(w)  # [in, out]; a packed weight may have no usable shape: then only the rank
+        lead = (_shape(x) or ())[:-1]
+        if w_shape is not None and len(w_shape) == 2:
+            self._expect(kernel, out, (*lead, w_shape[1]))
+        elif (got := _shape(out)) is None or got[:-1] != lead:
+            raise self._fail(kernel, f"returned an array of shape {got}, expected {(*lead, '...')}")
+
+    def linears(self, x, weights, biases):
+        outs = self._call("linears", x, weights, biases)
+        if not self.shapes:
+            return outs
+        if not isinstance(outs, list | tuple) or len(outs) != len(weights):
+            raise self._fail("linears", f"returned a {type(outs).__name__}, expected a list of "
+                             f"{len(weights)} arrays")
+        for w, out in zip(weights, outs, strict=True):
+            self._expect_product("linears", x, w, out)
+        return list(outs)
 
     def heads(self, x, n_head):
         out = self._call("heads", x, n_head)

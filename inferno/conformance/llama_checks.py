@@ -1,5 +1,5 @@
-"""The conformance checks of the Llama family's kernels (`embed_tokens`, `heads`, `rms_norm`, `rotary`,
-`silu_mul`, `gqa_attention`, the `gated_mlp` and `ragged_gqa_attention` compositions) and of a small
+"""The conformance checks of the Llama family's kernels (`embed_tokens`, `heads`, `linears`, `rms_norm`,
+`rotary`, `silu_mul`, `gqa_attention`, the `gated_mlp` and `ragged_gqa_attention` compositions) and of a small
 random Llama-family model, registered beside the GPT-2 ones (`inferno.conformance.checks` runs them
 after those), with the same tolerances and messages.
 
@@ -51,6 +51,33 @@ def _heads(run: _Run, b, t, h, d) -> None:
 
 _add("heads", "qwen2.5-q", "x [1, 3, 896] into 14 heads of 64", _heads, b=1, t=3, h=14, d=64)
 _add("heads", "odd", "x [2, 4, 15] into 3 heads of 5", _heads, b=2, t=4, h=3, d=5)
+
+
+def _linears(run: _Run, x_shape, outs, bias) -> None:
+    c = x_shape[-1]
+    x, x64 = run.array(run.normal(x_shape))
+    names = ("q_proj", "k_proj", "v_proj")[: len(outs)]
+    ws, bs, want = [], [], []
+    for name, n in zip(names, outs, strict=True):
+        w, w64 = run.weight(f"model.layers.0.self_attn.{name}.weight", run.normal((c, n), scale=c**-0.5))
+        b, b64 = (run.weight(f"model.layers.0.self_attn.{name}.bias", run.normal(n, scale=0.1)) if bias
+                  else (None, None))
+        ws.append(w)
+        bs.append(b)
+        want.append(ref.linear(x64, w64, b64))
+    got = run.backend.linears(x, ws, bs)
+    if not isinstance(got, list | tuple) or len(got) != len(outs):
+        run.fail(f"returned a {type(got).__name__}, expected a list of {len(outs)} arrays")
+    for i, (name, out, expected) in enumerate(zip(names, got, want, strict=True)):
+        run.expect(out, expected, what=f"output {i} ({name})", factor=2)
+
+
+_add("linears", "smollm2-qkv", "x [1, 3, 576] by q, k, v of 576, 192, 192 outputs", _linears,
+     x_shape=(1, 3, 576), outs=(576, 192, 192), bias=False)
+_add("linears", "qwen2-qkv-bias", "x [2, 2, 64] by q, k, v of 64, 32, 32 outputs, with biases", _linears,
+     x_shape=(2, 2, 64), outs=(64, 32, 32), bias=True)
+_add("linears", "odd-two", "x [1, 1, 35] by two weights of 40 and 7 outputs", _linears, x_shape=(1, 1, 35),
+     outs=(40, 7), bias=True)
 
 
 def _rms_norm(run: _Run, shape, scale=1.0, eps=1e-5) -> None:

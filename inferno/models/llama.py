@@ -439,9 +439,8 @@ class Llama:
     def qkv(self, be, blk: Block, h: Array, cos: Array, sin: Array) -> tuple[Array, Array, Array]:
         """q [B, n_head, T, D], k and v [B, n_kv_head, T, D] of the normed stream h, q and k rotated."""
         c = self.config
-        q = be.heads(be.linear(h, blk.q_w, blk.q_b), c.n_head)
-        k = be.heads(be.linear(h, blk.k_w, blk.k_b), c.n_kv_head)
-        v = be.heads(be.linear(h, blk.v_w, blk.v_b), c.n_kv_head)
+        q, k, v = be.linears(h, [blk.q_w, blk.k_w, blk.v_w], [blk.q_b, blk.k_b, blk.v_b])
+        q, k, v = be.heads(q, c.n_head), be.heads(k, c.n_kv_head), be.heads(v, c.n_kv_head)
         if blk.q_norm is not None:
             q, k = be.rms_norm(q, blk.q_norm, c.rms_norm_eps), be.rms_norm(k, blk.k_norm, c.rms_norm_eps)
         return be.rotary(q, cos, sin), be.rotary(k, cos, sin), v

@@ -1198,21 +1198,34 @@ static int uses_amx(int simd, int64_t rows) {
 
 #include "_kernels_q4.h" /* 4-bit products */
 
-/* product() for an int8 or q4 weight (fmt): MC rows at a time, each chunk quantized (quantize_row), packed tile by tile
-   for the SIMD paths (AMX reads q as it is, its rows padded with zeros to whole tiles of 16, and d by
-   tile), its panels
-   split among the threads, then finish_i8. Returns 0, or -1 out of memory. */
-static int product_quant(const float *x, int64_t m, int64_t k, const uint16_t *w, int64_t n, const float *b,
-                      float *y, int threads, int act, int fmt) {
-    int64_t count = (n + PANEL - 1) / PANEL, tasks = (count + TASK - 1) / TASK, sizes[MC];
+/* The weights of one product of x by several (nw) int8 or q4 weights of one format: weight j has ns[j]
+   outputs in panels ws[j], bias bs[j] (or NULL), result ys[j] [m, ns[j]] (the projections that read the
+   same input: q, k and v; gate and up). */
+typedef struct { int nw; const uint16_t *const *ws; const int64_t *ns; const float *const *bs; float *const *ys; } Many;
+#define MAX_MANY 3
+
+/* product() for int8 or q4 weights (fmt), one or several of one input (Many): MC rows at a time, each chunk
+   quantized once (quantize_row), packed tile by tile for the SIMD paths (AMX reads q as it is, its rows
+   padded with zeros to whole tiles of 16, and d by tile), the panels of every weight split among the
+   threads in one parallel loop, then finish_i8. Returns 0, or -1 out of memory. */
+static int product_quant_many(const float *x, int64_t m, int64_t k, Many mw, int threads, int act, int fmt) {
+    int64_t tasks = 0, first[MAX_MANY + 1], sizes[MC];
+    for (int j = 0; j < mw.nw; j++) {  /* first[j]: the first task of weight j */
+        first[j] = tasks;
+        tasks += ((mw.ns[j] + PANEL - 1) / PANEL + TASK - 1) / TASK;
+    }
+    first[mw.nw] = tasks;
     int by_row = fmt & FMT_ROWS;
     fmt &= ~FMT_ROWS;
     /* bs: the inputs of a block (of one input scale); kb: blocks a row */
     int64_t kp = kpad(k), bs = by_row ? kp : QB, kb = kp / bs, groups = kp / 4, mc0 = min64(m, MC);
     int64_t mq = (mc0 + 15) / 16 * 16;
 #if HAVE_AMX
-    if (by_row && fmt == FMT_I8 && kp % 64 == 0 && uses_amx(q8_path(simd_path()), m))
-        return product_rows_amx(x, m, k, w, n, b, y, threads, act);
+    if (by_row && fmt == FMT_I8 && kp % 64 == 0 && uses_amx(q8_path(simd_path()), m)) {
+        for (int j = 0; j < mw.nw; j++)
+            if (product_rows_amx(x, m, k, mw.ws[j], mw.ns[j], mw.bs[j], mw.ys[j], threads, act)) return -1;
+        return 0;
+    }
 #endif
     int simd = q8_path(simd_path());
     int8_t *q = malloc((size_t)(mq * kp));
@@ -1259,12 +1272,17 @@ static int product_quant(const float *x, int64_t m, int64_t k, const uint16_t *w
                     cp[r0 * kb + blk * sizes[t] + r] = c[(r0 + r) * kb + blk] / (fmt == FMT_Q4 ? 16 : 1);
                 }
             }
-        float *ym = y + m0 * n;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1) if (threads > 1 && tasks > 1)
 #endif
-        for (int64_t t = 0; t < tasks; t++) {
+        for (int64_t task = 0; task < tasks; task++) {
+            int j = 0;
+            while (task >= first[j + 1]) j++;
+            const uint16_t *w = mw.ws[j];
+            int64_t n = mw.ns[j], count = (n + PANEL - 1) / PANEL, t = task - first[j];
             int64_t p0 = t * TASK, p1 = min64(count, (t + 1) * TASK);
+            float *ym = mw.ys[j] + m0 * n;
+            const float *b = mw.bs[j];
 #if HAVE_AMX
 #ifdef _OPENMP
             int64_t worker = omp_get_thread_num();
@@ -1287,6 +1305,11 @@ static int product_quant(const float *x, int64_t m, int64_t k, const uint16_t *w
     }
     free(q); free(d); free(dp); free(c); free(cp); free(xg); free(q4buf);
     return failed ? -1 : 0;
+}
+
+static int product_quant(const float *x, int64_t m, int64_t k, const uint16_t *w, int64_t n, const float *b,
+                         float *y, int threads, int act, int fmt) {
+    return product_quant_many(x, m, k, (Many){1, &w, &n, &b, &y}, threads, act, fmt);
 }
 
 /* y = x @ w.T + b, see the top of the file: x is [m, k], w the panels of n outputs, y [m, n]; with `act`
@@ -1324,6 +1347,16 @@ static int product(const float *x, int64_t m, int64_t k, const uint16_t *w, int6
         }
     }
     free(xp);
+    return 0;
+}
+
+/* The products of x [m, k] by the weights of `mw` (one format), as product() each (no activation): in one
+   parallel loop over all their panels for int8 and q4 (x quantized once), else one after another. */
+static int products(const float *x, int64_t m, int64_t k, Many mw, int fmt, int threads) {
+    if (mw.nw > MAX_MANY) return -1;
+    if ((fmt & ~FMT_ROWS) == FMT_I8 || fmt == FMT_Q4) return product_quant_many(x, m, k, mw, threads, 0, fmt);
+    for (int j = 0; j < mw.nw; j++)
+        if (product(x, m, k, mw.ws[j], mw.ns[j], mw.bs[j], mw.ys[j], fmt, threads, 0)) return -1;
     return 0;
 }
 
@@ -3059,12 +3092,53 @@ static PyObject *py_gated_mlp(PyObject *self, PyObject *const *a, Py_ssize_t na)
     if (!gate) { release(&h); return PyErr_NoMemory(); }
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = product(x->buf, m, c, wg->buf, f, NULL, gate, (int)fmt, (int)threads, 0);
-    if (!rc) rc = product(x->buf, m, c, wu->buf, f, NULL, up, (int)fmt, (int)threads, 0);
+    const uint16_t *ws[2] = {wg->buf, wu->buf};
+    int64_t ns[2] = {f, f};
+    const float *bs[2] = {NULL, NULL};
+    float *ys[2] = {gate, up};
+    rc = products(x->buf, m, c, (Many){2, ws, ns, bs, ys}, (int)fmt, (int)threads);
     if (!rc) silu_mul_all(gate, up, m * f, gate);
     if (!rc) rc = product(gate, m, f, wd->buf, c, NULL, out->buf, (int)fmt, (int)threads, 0);
     Py_END_ALLOW_THREADS
     free(gate);
+    release(&h);
+    if (rc) return PyErr_NoMemory();
+    Py_RETURN_TRUE;
+}
+
+/* linears(x, ws, ns, bs, fmt, threads, outs): outs[j] [m, ns[j]] = x [m, c] @ ws[j] (ns[j] rows) + bs[j] (or
+   None) for the 2 or 3 weights (one format) of tuples ws, ns, bs, outs: the projections that read one input
+   in one call (q, k and v), its int8 or q4 panels in one parallel loop. */
+static PyObject *py_linears(PyObject *self, PyObject *const *a, Py_ssize_t na) {
+    (void)self;
+    Held h = {.n = 0};
+    int64_t fmt, threads;
+    if (!check_nargs(na, 7, "linears") || !as_int64(a[4], &fmt) || !as_int64(a[5], &threads)) return NULL;
+    Py_ssize_t nw = PyTuple_Check(a[1]) ? PyTuple_GET_SIZE(a[1]) : 0;
+    if (nw < 1 || nw > MAX_MANY || !PyTuple_Check(a[2]) || !PyTuple_Check(a[3]) || !PyTuple_Check(a[6])
+        || PyTuple_GET_SIZE(a[2]) != nw || PyTuple_GET_SIZE(a[3]) != nw || PyTuple_GET_SIZE(a[6]) != nw)
+        Py_RETURN_FALSE;
+    Py_buffer *x = take(&h, a[0], 'f', 2, 0);
+    if (!x || !known_format(fmt)) NOT_TAKEN;
+    int64_t m = x->shape[0], c = x->shape[1], ns[MAX_MANY];
+    const uint16_t *ws[MAX_MANY];
+    const float *bs[MAX_MANY];
+    float *ys[MAX_MANY];
+    for (Py_ssize_t j = 0; j < nw; j++) {
+        if (!as_int64(PyTuple_GET_ITEM(a[2], j), &ns[j])) { release(&h); return NULL; }
+        Py_buffer *w = take_weight(&h, PyTuple_GET_ITEM(a[1], j), ns[j], c, fmt);
+        Py_buffer *out = take(&h, PyTuple_GET_ITEM(a[6], j), 'f', 2, 1);
+        if (!w || !out || out->shape[0] != m || out->shape[1] != ns[j] || !take_vector(&h, PyTuple_GET_ITEM(a[3], j), ns[j], &bs[j]))
+            NOT_TAKEN;
+        for (Py_ssize_t i = 0; i < j; i++)
+            if (ys[i] == out->buf) NOT_TAKEN;  /* one array as two outputs */
+        ws[j] = w->buf;
+        ys[j] = out->buf;
+    }
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = products(x->buf, m, c, (Many){(int)nw, ws, ns, bs, ys}, (int)fmt, (int)threads);
+    Py_END_ALLOW_THREADS
     release(&h);
     if (rc) return PyErr_NoMemory();
     Py_RETURN_TRUE;
@@ -3420,6 +3494,8 @@ static PyMethodDef functions[] = {
                                 "n_head, fmt, threads, out) -> bool: a ragged step's attention block."),
     FAST(gated_mlp, "gated_mlp(x, w_gate, w_up, f, w_down, fmt, threads, out) -> bool: the Llama family's MLP "
                     "(silu(x @ w_gate) * (x @ w_up)) @ w_down in one call."),
+    FAST(linears, "linears(x, ws, ns, bs, fmt, threads, outs) -> bool: the products of one input by 1 to 3 "
+                  "weights in one call."),
     FAST(ragged_attention, "ragged_attention(q, k, v, slot_kv, rows, threads, out) -> bool: the Llama family's "
                            "ragged step's attention (grouped-query), the new keys and values written first."),
     FAST(mlp, "mlp(x, w_fc, f, b_fc, w_proj, b_proj, fmt, threads, out) -> bool: a decode step's MLP."),

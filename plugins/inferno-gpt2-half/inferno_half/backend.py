@@ -550,6 +550,20 @@ class HalfBackend(NumpyBackend):
                 return out
         return super().silu_mul(gate, up)
 
+    def linears(self, x, weights, biases):
+        ws = tuple(weights)
+        if (_KERNELS is not None and 1 < len(ws) <= 3 and all(type(w) is Weight16 for w in ws)
+                and len({w.fmt for w in ws}) == 1 and len({w.rows[1] for w in ws}) == 1):
+            # q, k and v in one call: x quantized once (int8, q4) and all their panels in one parallel
+            # loop, where three calls split k's and v's few panels unevenly (docs/benchmarks.md).
+            lead = x.shape[:-1]
+            rows = _f32(x.reshape(-1, x.shape[-1]))
+            outs = tuple(np.empty((rows.shape[0], w.rows[0]), np.float32) for w in ws)
+            if _KERNELS.linears(rows, tuple(w.blocks for w in ws), tuple(w.rows[0] for w in ws),
+                                tuple(_bias(b) for b in biases), self._code_of(ws[0]), self.threads, outs):
+                return [o.reshape(*lead, o.shape[1]) for o in outs]
+        return super().linears(x, weights, biases)
+
     def gated_mlp(self, x, w_gate, w_up, w_down):
         if _KERNELS is not None and all(type(w) is Weight16 for w in (w_gate, w_up, w_down)):
             # One C call for the three products and silu_mul between them, as GPT-2's `mlp` (at one token a
@@ -592,9 +606,7 @@ class HalfBackend(NumpyBackend):
         if _KERNELS is not None:
             y = np.empty((m, n), np.float32)
             x = _f32(x)
-            code = FORMATS[w.fmt] | (FMT_ROWS if self.by_row and w.fmt == "int8" else 0)
-            code |= FMT_IN16 if self.in16 and w.fmt == "bfloat16" else 0
-            if _KERNELS.matmul(x, w.blocks, n, _bias(b), y, code, self.threads, gelu):
+            if _KERNELS.matmul(x, w.blocks, n, _bias(b), y, self._code_of(w), self.threads, gelu):
                 return y
         if w.fmt in QUANTIZED:  # the kernel's arithmetic: int8 inputs as well as weights
             x = quantize_blocks(_f32(x), by_row=self.by_row and w.fmt == "int8")
@@ -609,6 +621,11 @@ class HalfBackend(NumpyBackend):
         if b is not None:
             y += b
         return self.gelu_new(y) if gelu else y
+
+    def _code_of(self, w: Weight16) -> int:
+        """The kernel's format code for a product by `w`, with this backend's input options."""
+        code = FORMATS[w.fmt] | (FMT_ROWS if self.by_row and w.fmt == "int8" else 0)
+        return code | (FMT_IN16 if self.in16 and w.fmt == "bfloat16" else 0)
 
     def _blas_rows(self, x: np.ndarray, w: Weight16, y: np.ndarray, j0: int, j1: int) -> None:
         """y[:, j0:j1] = x @ rows j0 .. j1 - 1 of w, unpacked to float32 `UNPACK_BYTES` at a time."""

@@ -199,6 +199,54 @@ def test_gated_mlp_is_one_c_call_with_the_bits_of_its_three(simd, monkeypatch, f
     np.testing.assert_array_equal(got, Backend.gated_mlp(be, x, *w))
 
 
+@pytest.mark.parametrize("fmt", ["float16", "bfloat16", "int8", "q4"])
+@pytest.mark.parametrize(("m", "c", "outs"), [(1, 576, (576, 192, 192)), (16, 64, (64, 32, 32)),
+                                              (100, 32, (96, 7)), (3, 40, (40, 50, 9))])
+def test_linears_is_one_c_call_with_the_bits_of_each_linear(simd, monkeypatch, fmt, m, c, outs):
+    # q, k and v in one call (int8 and q4: x quantized once, every panel in one parallel loop), the same
+    # bits as a `linear` each; 100 rows cross a chunk of MC = 96; odd output counts end in partial panels.
+    rng = np.random.default_rng(m + c)
+    be = HalfBackend(fmt, threads=2)
+    ws = [be.prepare_weight(f"model.layers.0.self_attn.{n}_proj.weight",
+                            np.asfortranarray(rng.standard_normal((c, o)).astype(np.float32) * 0.2))
+          for n, o in zip("qkv", outs, strict=False)]
+    bs = [rng.standard_normal(o).astype(np.float32) if i != 1 else None for i, o in enumerate(outs)]
+    x = rng.standard_normal((1, m, c)).astype(np.float32)
+    want = [be.linear(x, w, b) for w, b in zip(ws, bs, strict=True)]
+    counting = _Counting(hb._KERNELS)
+    monkeypatch.setattr(hb, "_KERNELS", counting)
+    got = be.linears(x, ws, bs)
+    assert [k for k in counting.calls if k != "simd"] == ["linears"]
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)
+
+
+@needs_kernels
+def test_linears_declines_what_it_does_not_take():
+    rng = np.random.default_rng(0)
+    be = HalfBackend("q4", threads=2)
+    wq, wk = (be.prepare_weight("model.layers.0.self_attn.q_proj.weight",
+                                rng.standard_normal((64, o)).astype(np.float32)) for o in (64, 32))
+    x = rng.standard_normal((2, 64)).astype(np.float32)
+
+    def args():
+        return [x, (wq.blocks, wk.blocks), (64, 32), (None, None), be._code, 2,
+                (np.full((2, 64), 7.0, np.float32), np.full((2, 32), 7.0, np.float32))]
+
+    assert hb._KERNELS.linears(*args()) is True
+    for i, change in [(0, lambda a: a[:, :33]), (1, lambda t: (t[1], t[0])), (1, lambda t: list(t)),
+                      (2, lambda t: (64, 64)), (2, lambda t: (64,)),
+                      (3, lambda t: (np.ones(3, np.float32), None)),
+                      (6, lambda t: (t[0], t[0][:, :32])), (6, lambda t: (t[0][:1], t[1])),
+                      (6, lambda t: (t[0], _read_only(t[1]))), (1, lambda t: t * 2)]:
+        bad = args()
+        bad[i] = change(bad[i])
+        outs = [np.array(o, copy=True) for o in bad[6]]
+        assert hb._KERNELS.linears(*bad) is False, f"argument {i} changed"
+        for o, before in zip(bad[6], outs, strict=True):
+            np.testing.assert_array_equal(o, before)
+
+
 @needs_kernels
 def test_gated_mlp_declines_what_it_does_not_take():
     rng = np.random.default_rng(0)
