@@ -1198,6 +1198,19 @@ static int uses_amx(int simd, int64_t rows) {
 
 #include "_kernels_q4.h" /* 4-bit products */
 
+/* The run of `count` panels the calling thread of a parallel region takes: one contiguous run each, as many
+   panels as the others' (a run the hardware prefetcher follows). Tasks of TASK panels dealt out in order
+   split SmolLM2's 18 panels of 576 outputs 12 to 6, and its 6 of 192 outputs 4 to 2. */
+static void my_panels(int64_t count, int64_t *first, int64_t *end) {
+#ifdef _OPENMP
+    int64_t part = omp_get_thread_num(), parts = omp_get_num_threads();
+#else
+    int64_t part = 0, parts = 1;
+#endif
+    *first = count * part / parts;
+    *end = count * (part + 1) / parts;
+}
+
 /* The weights of one product of x by several (nw) int8 or q4 weights of one format: weight j has ns[j]
    outputs in panels ws[j], bias bs[j] (or NULL), result ys[j] [m, ns[j]] (the projections that read the
    same input: q, k and v; gate and up). */
@@ -1209,12 +1222,12 @@ typedef struct { int nw; const uint16_t *const *ws; const int64_t *ns; const flo
    padded with zeros to whole tiles of 16, and d by tile), the panels of every weight split among the
    threads in one parallel loop, then finish_i8. Returns 0, or -1 out of memory. */
 static int product_quant_many(const float *x, int64_t m, int64_t k, Many mw, int threads, int act, int fmt) {
-    int64_t tasks = 0, first[MAX_MANY + 1], sizes[MC];
-    for (int j = 0; j < mw.nw; j++) {  /* first[j]: the first task of weight j */
-        first[j] = tasks;
-        tasks += ((mw.ns[j] + PANEL - 1) / PANEL + TASK - 1) / TASK;
+    int64_t total = 0, first[MAX_MANY + 1], sizes[MC];
+    for (int j = 0; j < mw.nw; j++) {  /* first[j]: weight j's first panel among all the weights' */
+        first[j] = total;
+        total += (mw.ns[j] + PANEL - 1) / PANEL;
     }
-    first[mw.nw] = tasks;
+    first[mw.nw] = total;
     int by_row = fmt & FMT_ROWS;
     fmt &= ~FMT_ROWS;
     /* bs: the inputs of a block (of one input scale); kb: blocks a row */
@@ -1272,23 +1285,28 @@ static int product_quant_many(const float *x, int64_t m, int64_t k, Many mw, int
                     cp[r0 * kb + blk * sizes[t] + r] = c[(r0 + r) * kb + blk] / (fmt == FMT_Q4 ? 16 : 1);
                 }
             }
+        /* Each thread its run of all the weights' panels (my_panels), in pieces of at most TASK panels
+           (q4buf's size) within one weight. */
 #ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1) if (threads > 1 && tasks > 1)
+#pragma omp parallel num_threads(threads > 0 ? threads : 1) if (threads > 1 && total > TASK)
 #endif
-        for (int64_t task = 0; task < tasks; task++) {
+        {
+#if HAVE_AMX && defined(_OPENMP)
+        int64_t worker = omp_get_thread_num();
+#elif HAVE_AMX
+        int64_t worker = 0;
+#endif
+        int64_t g, g1;
+        my_panels(total, &g, &g1);
+        while (g < g1) {
             int j = 0;
-            while (task >= first[j + 1]) j++;
+            while (g >= first[j + 1]) j++;
             const uint16_t *w = mw.ws[j];
-            int64_t n = mw.ns[j], count = (n + PANEL - 1) / PANEL, t = task - first[j];
-            int64_t p0 = t * TASK, p1 = min64(count, (t + 1) * TASK);
+            int64_t n = mw.ns[j], p0 = g - first[j], p1 = min64(p0 + TASK, min64(g1, first[j + 1]) - first[j]);
             float *ym = mw.ys[j] + m0 * n;
             const float *b = mw.bs[j];
+            g += p1 - p0;
 #if HAVE_AMX
-#ifdef _OPENMP
-            int64_t worker = omp_get_thread_num();
-#else
-            int64_t worker = 0;
-#endif
             if (amx && fmt == FMT_Q4) q4_panels_amx(q, dp, mc, k, w, p0, p1, ym, n, q4buf + worker * q4size);
             else if (amx) q8_panels_amx(q, dp, mc, k, (const int8_t *)w, p0, p1, ym, n);
             else
@@ -1301,6 +1319,7 @@ static int product_quant_many(const float *x, int64_t m, int64_t k, Many mw, int
             if (fmt == FMT_Q4) q4_portable(q, d, mc, k, w, p0, p1, ym, n);
             else q8_portable(q, d, mc, k, bs, (const int8_t *)w, p0, p1, ym, n);
             finish_i8(simd, w, k, ym, mc, n, p0 * PANEL, min64(n, p1 * PANEL), b, act, fmt == FMT_I8);
+        }
         }
     }
     free(q); free(d); free(dp); free(c); free(cp); free(xg); free(q4buf);
@@ -1339,11 +1358,12 @@ static int product(const float *x, int64_t m, int64_t k, const uint16_t *w, int6
         const float *xs = x + m0 * k;
         if (xp) { pack_rows(xs, mc, k, sizes, tiles, xp); xs = xp; }
 #ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1) if (threads > 1 && tasks > 1)
+#pragma omp parallel num_threads(threads > 0 ? threads : 1) if (threads > 1 && tasks > 1)
 #endif
-        for (int64_t t = 0; t < tasks; t++) {
-            int64_t p0 = t * TASK, p1 = min64(count, (t + 1) * TASK);
-            panels(simd, xs, mc, k, w, p0, p1, b, y + m0 * n, n, fmt, act, sizes, tiles);
+        {
+            int64_t p0, end;
+            for (my_panels(count, &p0, &end); p0 < end; p0 += TASK)
+                panels(simd, xs, mc, k, w, p0, min64(end, p0 + TASK), b, y + m0 * n, n, fmt, act, sizes, tiles);
         }
     }
     free(xp);
@@ -2252,12 +2272,14 @@ static int product_in16(const float *x, int64_t m, int64_t k, const uint16_t *w,
         for (int64_t t = 0; t < tiles; t++) sizes[t] = mc / tiles + (t < mc % tiles);
         pack_pairs(x + m0 * k, mc, k, sizes, tiles, xb);
 #ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1) if (threads > 1 && tasks > 1)
+#pragma omp parallel num_threads(threads > 0 ? threads : 1) if (threads > 1 && tasks > 1)
 #endif
-        for (int64_t task = 0; task < tasks; task++)
-            for (int64_t p = task * TASK; p < min64(count, (task + 1) * TASK); p++)
+        {
+            int64_t p, end;
+            for (my_panels(count, &p, &end); p < end; p++)
                 for (int64_t t = 0, r0 = 0; t < tiles; r0 += sizes[t], t++)
                     TILES_IN16[sizes[t]](xb + r0 * kh, k, w + p * gs, b, y + (m0 + r0) * n, n, p * PANEL, act);
+        }
     }
     free(xb);
     return 0;
