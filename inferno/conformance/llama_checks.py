@@ -16,15 +16,16 @@ from functools import partial
 import numpy as np
 
 from inferno.conformance import reference as ref
-from inferno.conformance.composition_checks import (
-    _check_slots,
-    _packed,
-    _ragged_hosts,
-    _ragged_run,
-    _row_name,
-)
 from inferno.conformance.harness import Check, _Run, _shape, register
 from inferno.conformance.kernel_checks import _fill_cache
+from inferno.conformance.ragged import (
+    check_slots,
+    packed_rows,
+    ragged_hosts,
+    ragged_output,
+    row_name,
+    run_ragged,
+)
 
 #: This module's checks, in the order they are added (`inferno.conformance.checks.all_checks` runs them
 #: after the GPT-2 ones).
@@ -150,35 +151,27 @@ for _name, (_b, _h, _kv, _t, _d, _off, _len) in _GQA_CASES.items():
 
 def _ragged_gqa_attention(run: _Run, h, kv, d, n_slots, length, rows, stale=None) -> None:
     """ragged_gqa_attention over `rows` = (slot, offset, T) packed in this order, the slots filled and
-    checked as `ragged_self_attention`'s are (composition_checks); each row against its own batch-1
+    checked as `ragged_self_attention`'s are (`inferno.conformance.ragged`); each row against its own batch-1
     grouped-query attention (the float64 reference)."""
     be, stale = run.backend, stale or {}
     shape = (1, kv, length, d)
-    packed, n = _packed(rows)
+    packed, n = packed_rows(rows)
     q, q64 = run.array(run.normal((1, h, n, d)))
     k, k64 = run.array(run.normal((1, kv, n, d)))
     v, v64 = run.array(run.normal((1, kv, n, d)))
-    hosts = _ragged_hosts(run, shape, n_slots, {r.slot: r.offset for r in packed}, stale)
+    hosts = ragged_hosts(run, shape, n_slots, {r.slot: r.offset for r in packed}, stale)
 
     def call(slot_kv):
         y = be.ragged_gqa_attention(q, k, v, slot_kv, packed)
-        if isinstance(y, tuple | list):
-            run.fail(f"returned a {type(y).__name__}, expected the output array [1, H, N, D] alone (the "
-                     "caches go back into slot_kv)")
-        if not isinstance(slot_kv, list) or len(slot_kv) != n_slots:
-            run.fail(f"slot_kv is no longer a list of {n_slots} slots")
-        got = run.host(y, "output")
-        if got.shape != (1, h, n, d):
-            run.fail(f"output has shape {list(got.shape)}, expected {[1, h, n, d]}")
-        return got
+        return ragged_output(run, y, slot_kv, n_slots, (1, h, n, d), "[1, H, N, D]")
 
-    got, slot_kv, k_held, v_held = _ragged_run(run, call, hosts, packed, shape, stale, tokens_axis=2)
+    got, slot_kv, k_held, v_held = run_ragged(run, call, hosts, packed, shape, stale, tokens_axis=2)
     want, k_want, v_want = ref.ragged_gqa_attention(
         q64, k64, v64, [(r.slot, r.offset, r.start, r.length) for r in packed], k_held, v_held)
     for i, r in enumerate(packed):
         sl = slice(r.start, r.start + r.length)
-        run.expect(got[:, :, sl], want[:, :, sl], what=f"output of {_row_name(i, r, stale)}", factor=4)
-    _check_slots(run, slot_kv, packed, shape, stale, (k_held, v_held), (k_want, v_want))
+        run.expect(got[:, :, sl], want[:, :, sl], what=f"output of {row_name(i, r, stale)}", factor=4)
+    check_slots(run, slot_kv, packed, shape, stale, (k_held, v_held), (k_want, v_want))
 
 
 for _case, _what, _params in [

@@ -3274,10 +3274,9 @@ static PyObject *py_ragged_self_attention(PyObject *self, PyObject *const *a, Py
     Py_RETURN_TRUE;
 }
 
-/* The buffer of `o` as a ragged step's heads [1, heads, n, d] (float32, native byte order, d contiguous,
-   any strides elsewhere: the view of a projection the Llama family's `heads` returns) into *x; NULL if it
-   is not that. */
-static Py_buffer *take_heads(Held *h, PyObject *o, TokHeads *x) {
+/* The buffer of `o` if it is float32 (native byte order) of 1 to 9 dimensions, the last one contiguous and
+   the others any whole-float strides (a NumPy view such as a transpose of heads); else NULL. */
+static Py_buffer *take_strided(Held *h, PyObject *o) {
     if (h->n == MAX_HELD) return NULL;
     Py_buffer *v = &h->v[h->n];
     if (PyObject_GetBuffer(o, v, PyBUF_STRIDES | PyBUF_FORMAT) < 0) {
@@ -3287,9 +3286,20 @@ static Py_buffer *take_heads(Held *h, PyObject *o, TokHeads *x) {
     h->n++;
     const char *f = v->format ? v->format : "B";
     if (f[0] == '@' || f[0] == '=') f++;
-    if (f[0] != 'f' || f[1] != '\0' || v->itemsize != 4 || v->ndim != 4 || v->shape[0] != 1
-        || (v->shape[3] > 1 && v->strides[3] != 4) || v->strides[1] % 4 || v->strides[2] % 4)
-        return NULL;
+    if (f[0] != 'f' || f[1] != '\0' || v->itemsize != 4 || v->ndim < 1 || v->ndim > 9) return NULL;
+    int last = v->ndim - 1;
+    if (v->shape[last] > 1 && v->strides[last] != 4) return NULL;
+    for (int i = 0; i < last; i++)
+        if (v->strides[i] % 4) return NULL;
+    return v;
+}
+
+/* The buffer of `o` as a ragged step's heads [1, heads, n, d] (float32, native byte order, d contiguous,
+   any strides elsewhere: the view of a projection the Llama family's `heads` returns) into *x; NULL if it
+   is not that. */
+static Py_buffer *take_heads(Held *h, PyObject *o, TokHeads *x) {
+    Py_buffer *v = take_strided(h, o);
+    if (!v || v->ndim != 4 || v->shape[0] != 1) return NULL;
     *x = (TokHeads){v->buf, v->strides[2] / 4, v->strides[1] / 4};
     return v;
 }
@@ -3329,25 +3339,13 @@ static PyObject *py_ragged_attention(PyObject *self, PyObject *const *a, Py_ssiz
     Py_RETURN_TRUE;
 }
 
-/* The buffer of `o` as rows (see RowView): float32, native byte order, 1 to 9 dimensions, the last one
-   contiguous, any strides elsewhere (a NumPy view such as a transpose of heads). NULL if it is not that. */
+/* The buffer of `o` as rows (see RowView): take_strided's, 1 to 9 dimensions. NULL if it is not that. */
 static Py_buffer *take_rows(Held *h, PyObject *o, RowView *rv) {
-    if (h->n == MAX_HELD) return NULL;
-    Py_buffer *v = &h->v[h->n];
-    if (PyObject_GetBuffer(o, v, PyBUF_STRIDES | PyBUF_FORMAT) < 0) {
-        PyErr_Clear();
-        return NULL;
-    }
-    h->n++;
-    const char *f = v->format ? v->format : "B";
-    if (f[0] == '@' || f[0] == '=') f++;
-    if (f[0] != 'f' || f[1] != '\0' || v->itemsize != 4 || v->ndim < 1 || v->ndim > 9) return NULL;
-    int last = v->ndim - 1;
-    if (v->shape[last] > 1 && v->strides[last] != 4) return NULL;
+    Py_buffer *v = take_strided(h, o);
+    if (!v) return NULL;
     rv->base = v->buf;
-    rv->nd = last;
-    for (int i = 0; i < last; i++) {
-        if (v->strides[i] % 4) return NULL;
+    rv->nd = v->ndim - 1;
+    for (int i = 0; i < rv->nd; i++) {
         rv->shape[i] = v->shape[i];
         rv->stride[i] = v->strides[i] / 4;
     }

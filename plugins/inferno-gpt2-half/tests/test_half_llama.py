@@ -128,6 +128,15 @@ class _Counting:
         return lambda *a: self.calls.append(name) or fn(*a)
 
 
+def _in_one_call(monkeypatch, name, run):
+    """What `run()` returns, checking that it made one call of the compiled kernels, `name`."""
+    counting = _Counting(hb._KERNELS)
+    monkeypatch.setattr(hb, "_KERNELS", counting)
+    out = run()
+    assert [c for c in counting.calls if c != "simd"] == [name]
+    return out
+
+
 @pytest.mark.parametrize(("b", "h", "kv", "t", "d", "offset", "length"), [
     (2, 3, 3, 4, 8, 2, 9),          # ratio 1
     (1, 9, 3, 5, 64, 0, 8),         # ratio 3, SmolLM2's heads
@@ -192,10 +201,7 @@ def test_gated_mlp_is_one_c_call_with_the_bits_of_its_three(simd, monkeypatch, f
                            np.asfortranarray(rng.standard_normal(shape).astype(np.float32) * 0.2))
          for n, shape in (("gate", (c, inner)), ("up", (c, inner)), ("down", (inner, c)))]
     x = rng.standard_normal((1, m, c)).astype(np.float32)
-    counting = _Counting(hb._KERNELS)
-    monkeypatch.setattr(hb, "_KERNELS", counting)
-    got = be.gated_mlp(x, *w)
-    assert [k for k in counting.calls if k != "simd"] == ["gated_mlp"]
+    got = _in_one_call(monkeypatch, "gated_mlp", lambda: be.gated_mlp(x, *w))
     np.testing.assert_array_equal(got, Backend.gated_mlp(be, x, *w))
 
 
@@ -213,10 +219,7 @@ def test_linears_is_one_c_call_with_the_bits_of_each_linear(simd, monkeypatch, f
     bs = [rng.standard_normal(o).astype(np.float32) if i != 1 else None for i, o in enumerate(outs)]
     x = rng.standard_normal((1, m, c)).astype(np.float32)
     want = [be.linear(x, w, b) for w, b in zip(ws, bs, strict=True)]
-    counting = _Counting(hb._KERNELS)
-    monkeypatch.setattr(hb, "_KERNELS", counting)
-    got = be.linears(x, ws, bs)
-    assert [k for k in counting.calls if k != "simd"] == ["linears"]
+    got = _in_one_call(monkeypatch, "linears", lambda: be.linears(x, ws, bs))
     for g, w in zip(got, want, strict=True):
         np.testing.assert_array_equal(g, w)
 
@@ -305,13 +308,11 @@ def test_ragged_gqa_attention_is_one_c_call_for_the_step(simd, no_defaults, monk
     # hold the new keys and values (rounded to float16 in a float16 cache), the rest kept.
     monkeypatch.setattr(Backend, "ragged_gqa_attention",
                         lambda *a: (_ for _ in ()).throw(AssertionError("the default ran")))
-    counting = _Counting(hb._KERNELS)
-    monkeypatch.setattr(hb, "_KERNELS", counting)
     q, k, v, slots, packed = _ragged_gqa_case(h, kv, d, rows, length, kv_dtype)
     before = [tuple(a.astype(np.float64) for a in pair) for pair in slots]
     k16, v16 = (a.astype(kv_dtype).astype(np.float64) for a in (k, v))  # what a cache of kv_dtype keeps
-    got = HalfBackend(threads=2).ragged_gqa_attention(q, k, v, slots, packed)
-    assert [c for c in counting.calls if c != "simd"] == ["ragged_attention"]
+    got = _in_one_call(monkeypatch, "ragged_attention",
+                       lambda: HalfBackend(threads=2).ragged_gqa_attention(q, k, v, slots, packed))
     table = [(r.slot, r.offset, r.start, r.length) for r in packed]
     want, k_want, v_want = ref.ragged_gqa_attention(q, k16, v16, table, [a for a, _ in before],
                                                     [b for _, b in before])
