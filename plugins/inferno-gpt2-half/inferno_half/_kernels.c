@@ -1199,8 +1199,8 @@ static int uses_amx(int simd, int64_t rows) {
 #include "_kernels_q4.h" /* 4-bit products */
 
 /* The run of `count` panels the calling thread of a parallel region takes: one contiguous run each, as many
-   panels as the others' (a run the hardware prefetcher follows). Tasks of TASK panels dealt out in order
-   split SmolLM2's 18 panels of 576 outputs 12 to 6, and its 6 of 192 outputs 4 to 2. */
+   panels as the others' (a run the hardware prefetcher follows). (Equal tasks of TASK panels, dealt in
+   order, split SmolLM2's 18 panels of 576 outputs 12 to 6, and its 6 of 192 outputs 4 to 2.) */
 static void my_panels(int64_t count, int64_t *first, int64_t *end) {
 #ifdef _OPENMP
     int64_t part = omp_get_thread_num(), parts = omp_get_num_threads();

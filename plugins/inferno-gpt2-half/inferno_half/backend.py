@@ -555,7 +555,7 @@ class HalfBackend(NumpyBackend):
         if (_KERNELS is not None and 1 < len(ws) <= 3 and all(type(w) is Weight16 for w in ws)
                 and len({w.fmt for w in ws}) == 1 and len({w.rows[1] for w in ws}) == 1):
             # q, k and v in one call: x quantized once (int8, q4) and all their panels in one parallel
-            # loop, where three calls split k's and v's few panels unevenly (docs/benchmarks.md).
+            # loop: alone, k's and v's few panels leave most threads of a larger machine idle.
             lead = x.shape[:-1]
             rows = _f32(x.reshape(-1, x.shape[-1]))
             outs = tuple(np.empty((rows.shape[0], w.rows[0]), np.float32) for w in ws)
@@ -565,13 +565,14 @@ class HalfBackend(NumpyBackend):
         return super().linears(x, weights, biases)
 
     def gated_mlp(self, x, w_gate, w_up, w_down):
-        if _KERNELS is not None and all(type(w) is Weight16 for w in (w_gate, w_up, w_down)):
+        ws = (w_gate, w_up, w_down)
+        if _KERNELS is not None and all(type(w) is Weight16 for w in ws) and len({w.fmt for w in ws}) == 1:
             # One C call for the three products and silu_mul between them, as GPT-2's `mlp` (at one token a
             # step the calls cost more than the work; docs/benchmarks.md).
             rows = _f32(x.reshape(-1, x.shape[-1]))
             out = np.empty((rows.shape[0], w_down.rows[0]), np.float32)
-            if _KERNELS.gated_mlp(rows, w_gate.blocks, w_up.blocks, w_gate.rows[0], w_down.blocks, self._code,
-                                  self.threads, out):
+            if _KERNELS.gated_mlp(rows, w_gate.blocks, w_up.blocks, w_gate.rows[0], w_down.blocks,
+                                  self._code_of(w_gate), self.threads, out):
                 return out.reshape(x.shape)
         return super().gated_mlp(x, w_gate, w_up, w_down)
 
