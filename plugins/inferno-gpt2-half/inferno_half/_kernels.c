@@ -1198,15 +1198,23 @@ static int uses_amx(int simd, int64_t rows) {
 
 #include "_kernels_q4.h" /* 4-bit products */
 
+/* Which of the threads of the enclosing parallel region this one is (part of parts; 0 of 1 outside one). */
+static void my_part(int64_t *part, int64_t *parts) {
+#ifdef _OPENMP
+    *part = omp_get_thread_num();
+    *parts = omp_get_num_threads();
+#else
+    *part = 0;
+    *parts = 1;
+#endif
+}
+
 /* The run of `count` panels the calling thread of a parallel region takes: one contiguous run each, as many
    panels as the others' (a run the hardware prefetcher follows). (Equal tasks of TASK panels, dealt in
    order, split SmolLM2's 18 panels of 576 outputs 12 to 6, and its 6 of 192 outputs 4 to 2.) */
 static void my_panels(int64_t count, int64_t *first, int64_t *end) {
-#ifdef _OPENMP
-    int64_t part = omp_get_thread_num(), parts = omp_get_num_threads();
-#else
-    int64_t part = 0, parts = 1;
-#endif
+    int64_t part, parts;
+    my_part(&part, &parts);
     *first = count * part / parts;
     *end = count * (part + 1) / parts;
 }
@@ -1333,7 +1341,7 @@ static int product_quant(const float *x, int64_t m, int64_t k, const uint16_t *w
 
 /* y = x @ w.T + b, see the top of the file: x is [m, k], w the panels of n outputs, y [m, n]; with `act`
    1, y = gelu_new(x @ w.T + b) (the MLP's first product). MC rows at a time, each chunk's panels split
-   among `threads` threads in tasks of TASK panels. Returns 0. */
+   among `threads` threads, one contiguous run each (my_panels). Returns 0. */
 static int product_in16(const float *x, int64_t m, int64_t k, const uint16_t *w, int64_t n, const float *b,
                         float *y, int threads, int act);
 
@@ -2252,7 +2260,7 @@ static int in16_path(const char **why) {
 }
 
 /* product() of a bfloat16 weight with inputs=bfloat16 (see above): on AMX-BF16 tiles where the CPU has them,
-   else MC rows at a time, tiles of up to MR_MAX rows, the panels split among the threads in tasks of TASK.
+   else MC rows at a time, tiles of up to MR_MAX rows, the panels split among the threads (my_panels).
    Returns 0, -1 out of memory, or 1 when this CPU has neither path (nothing computed). */
 static int product_in16(const float *x, int64_t m, int64_t k, const uint16_t *w, int64_t n, const float *b,
                         float *y, int threads, int act) {
@@ -2560,11 +2568,8 @@ static int ragged_attention(TokHeads q, TokHeads kn, TokHeads vn, int64_t n, int
 #pragma omp parallel num_threads(threads > 0 ? threads : 1) if (threads > 1 && n * h * most >= 512)
 #endif
     {
-#ifdef _OPENMP
-        int64_t part = omp_get_thread_num(), parts = omp_get_num_threads();
-#else
-        int64_t part = 0, parts = 1;
-#endif
+        int64_t part, parts;
+        my_part(&part, &parts);
         int64_t first = items_split(cum, n, h, part, parts), end = items_split(cum, n, h, part + 1, parts);
         for (int64_t item = first; item < end; item++) {
             int64_t tok = item / h, head = item % h, r = row_of[tok], kvh = head / group;
@@ -3129,7 +3134,7 @@ static PyObject *py_gated_mlp(PyObject *self, PyObject *const *a, Py_ssize_t na)
 }
 
 /* linears(x, ws, ns, bs, fmt, threads, outs): outs[j] [m, ns[j]] = x [m, c] @ ws[j] (ns[j] rows) + bs[j] (or
-   None) for the 2 or 3 weights (one format) of tuples ws, ns, bs, outs: the projections that read one input
+   None) for the 1 to 3 weights (one format) of tuples ws, ns, bs, outs: the projections that read one input
    in one call (q, k and v), its int8 or q4 panels in one parallel loop. */
 static PyObject *py_linears(PyObject *self, PyObject *const *a, Py_ssize_t na) {
     (void)self;

@@ -510,7 +510,7 @@ class HalfBackend(NumpyBackend):
             # per row, and NumPy's head split, slicing and merge around them).
             x = _f32(x)
             out = np.empty_like(x)
-            table = np.array([(r.slot, r.offset, r.start, r.length) for r in rows], dtype=np.int64)
+            table = _rows_table(rows)
             if _KERNELS.ragged_self_attention(x, w_attn.blocks, _bias(b_attn), w_proj.blocks, _bias(b_proj),
                                               slot_kv, table, n_head, self._code, self.threads, out):
                 return out
@@ -594,7 +594,7 @@ class HalfBackend(NumpyBackend):
             # makes two calls a row). It writes [1, N, H, D], the layout o_proj takes: `merge_heads` of
             # the transposed view is a reshape, no copy.
             out = np.empty((1, n, q.shape[1], q.shape[3]), np.float32)
-            table = np.array([(r.slot, r.offset, r.start, r.length) for r in rows], dtype=np.int64)
+            table = _rows_table(rows)
             if _KERNELS.ragged_attention(q, k, v, slot_kv, table, self.threads, out):
                 return out.transpose(0, 2, 1, 3)
         return super().ragged_gqa_attention(q, k, v, slot_kv, rows)
@@ -676,6 +676,11 @@ def _to_kv16(a: np.ndarray) -> np.ndarray:
         raise ValueError("kv=float16: a key or value is beyond float16's range (65504); this model needs the "
                          "float32 KV cache (kv=float32)")
     return h
+
+
+def _rows_table(rows) -> np.ndarray:
+    """A ragged step's RaggedRows as the kernels take them: int64 [R, 4] of (slot, offset, start, length)."""
+    return np.array([(r.slot, r.offset, r.start, r.length) for r in rows], dtype=np.int64)
 
 
 def _f32(a: np.ndarray) -> np.ndarray:
