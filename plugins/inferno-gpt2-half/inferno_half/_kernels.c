@@ -1588,6 +1588,100 @@ X86 static void attend_simd(int simd, const float *qi, const void *kh, const voi
 }
 #endif
 
+#if HAVE_X86
+/* The query heads of a group (grouped-query attention: query heads that read the same key/value head) that
+   attend_group_512 takes in one pass: g * d / 16 sums must stay in registers through the V pass. */
+#define GROUP_MAX 4
+static int64_t group_most(int simd, int64_t d) {
+    return simd != PATH_AVX512 ? 1 : d == 64 ? GROUP_MAX : d == 128 ? 2 : 1;
+}
+
+/* attend_512_kv for g query heads of one group over their key/value head (query i at q + i * q_h, its scores
+   at s + i * s_h, its result at o + i * o_h; nv = d / 16): each key and value row is loaded once for all g
+   (attend_512_kv, a query at a time, loads them g times), and the V pass runs g * nv independent sums
+   (attend_512_kv's nv are each a chain of FMAs a key long). Each query's arithmetic is attend_512_kv's, in
+   its order: the same bits. g and nv are constants where attend_group_512 calls it. */
+X512 KV_BODY void attend_group_kv(const int g, const int nv, const float *q, int64_t q_h, const void *kh,
+                                  const void *vh, int64_t keys, float scale, float *s, int64_t s_h, float *o,
+                                  int64_t o_h, const void *next_k, const void *next_v, int h16) {
+    const int64_t d = 16 * nv, es = h16 ? 2 : 4;
+    __m512 qv[GROUP_MAX][ATTEND512_D / 16], acc[GROUP_MAX][ATTEND512_D / 16], kc[ATTEND512_D / 16];
+    float m[GROUP_MAX], sum[GROUP_MAX];
+    for (int i = 0; i < g; i++) {
+        m[i] = -INFINITY;
+        for (int c = 0; c < nv; c++) qv[i][c] = _mm512_loadu_ps(q + i * q_h + 16 * c);
+    }
+    for (int64_t j = 0; j < keys; j++) {
+        const void *kj = (const char *)kh + j * d * es;
+        if (next_k) {  /* a decode row: this head's values, the next head's keys */
+            prefetch_row(vh, j, d * es);
+            prefetch_row(next_k, j, d * es);
+        }
+        for (int c = 0; c < nv; c++) kc[c] = kv_load16(kj, 16 * c, h16);
+        for (int i = 0; i < g; i++) {
+            __m512 a = _mm512_mul_ps(qv[i][0], kc[0]);
+            for (int c = 1; c < nv; c++) a = _mm512_fmadd_ps(qv[i][c], kc[c], a);
+            float sc = _mm512_reduce_add_ps(a) * scale;
+            s[i * s_h + j] = sc;
+            m[i] = sc > m[i] ? sc : m[i];
+        }
+    }
+    for (int i = 0; i < g; i++) {
+        float *si = s + i * s_h;
+        int64_t j = 0;
+        __m512 vm = _mm512_set1_ps(m[i]), vs = _mm512_setzero_ps();
+        for (; j + 16 <= keys; j += 16) {
+            __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(si + j), vm));
+            _mm512_storeu_ps(si + j, e);
+            vs = _mm512_add_ps(vs, e);
+        }
+        sum[i] = _mm512_reduce_add_ps(vs);
+        for (; j < keys; j++) { si[j] = expf(si[j] - m[i]); sum[i] += si[j]; }
+        for (int c = 0; c < nv; c++) acc[i][c] = _mm512_setzero_ps();
+    }
+    for (int64_t j = 0; j < keys; j++) {
+        const void *vj = (const char *)vh + j * d * es;
+        prefetch_row(next_v, j, d * es);
+        for (int c = 0; c < nv; c++) kc[c] = kv_load16(vj, 16 * c, h16);
+        for (int i = 0; i < g; i++) {
+            __m512 p = _mm512_set1_ps(s[i * s_h + j]);
+            for (int c = 0; c < nv; c++) acc[i][c] = _mm512_fmadd_ps(p, kc[c], acc[i][c]);
+        }
+    }
+    for (int i = 0; i < g; i++) {
+        __m512 inv = _mm512_set1_ps(1.0f / sum[i]);
+        for (int c = 0; c < nv; c++) _mm512_storeu_ps(o + i * o_h + 16 * c, _mm512_mul_ps(acc[i][c], inv));
+    }
+}
+
+/* attend_group_kv for the (g, d) it has a copy for; returns 0 when there is none. */
+X512 static int attend_group_512(int64_t g, const float *q, int64_t q_h, const void *kh, const void *vh,
+                                 int64_t keys, int64_t d, float scale, float *s, int64_t s_h, float *o, int64_t o_h,
+                                 const void *next_k, const void *next_v, int h16) {
+#define GROUP_CASE(G, NV) \
+    if (g == G && d == 16 * NV) { \
+        if (h16) attend_group_kv(G, NV, q, q_h, kh, vh, keys, scale, s, s_h, o, o_h, next_k, next_v, 1); \
+        else attend_group_kv(G, NV, q, q_h, kh, vh, keys, scale, s, s_h, o, o_h, next_k, next_v, 0); \
+        return 1; \
+    }
+    GROUP_CASE(2, 4) GROUP_CASE(3, 4) GROUP_CASE(4, 4) GROUP_CASE(2, 8)
+    return 0;
+}
+
+/* g query heads of one group (1 <= g <= group_most(simd, d)) on the SIMD path `simd`: attend_group_512 where
+   it has a copy for (g, d), else attend_simd a query at a time (the same bits either way). */
+X86 static void attend_group(int simd, int64_t g, const float *q, int64_t q_h, const void *kh, const void *vh,
+                             int64_t keys, int64_t d, float scale, float *s, int64_t s_h, float *o, int64_t o_h,
+                             const void *next_k, const void *next_v, int h16) {
+    if (simd == PATH_AVX512 && g > 1
+        && attend_group_512(g, q, q_h, kh, vh, keys, d, scale, s, s_h, o, o_h, next_k, next_v, h16))
+        return;
+    for (int64_t i = 0; i < g; i++)  /* the next head's rows for the last query of the group only */
+        attend_simd(simd, q + i * q_h, kh, vh, keys, d, scale, s + i * s_h, o + i * o_h, i + 1 == g ? next_k : NULL,
+                    i + 1 == g ? next_v : NULL, h16);
+}
+#endif
+
 /* Scores per query on the stack up to this many keys (16 KB), else on the heap. */
 #define STACK_KEYS 4096
 
@@ -1641,6 +1735,34 @@ static void attend_all(int64_t b, int64_t h, int64_t hkv, int64_t t, int64_t d, 
         if (!heap) simd = 0;  /* out of memory: the portable path needs no buffer */
     }
     (void)threads; (void)simd;
+#if HAVE_X86
+    int64_t most = simd && t == 1 ? min64(group, group_most(simd_path(), d)) : 1;
+    if (most > 1) {
+        /* A decode step of grouped-query attention: each thread takes one run of the b * h query heads (as
+           below) and attends the heads of a group that fall in it `most` at a time (attend_group). */
+#ifdef _OPENMP
+#pragma omp parallel num_threads(threads > 0 ? threads : 1) if (threads > 1 && (offset + t) * h * b >= 512)
+#endif
+        {
+            float buf[GROUP_MAX * STACK_KEYS];
+            int64_t first, end, keys = offset + 1;
+            my_panels(b * h, &first, &end);
+            for (int64_t n = first, g; n < end; n += g) {
+                int64_t seq = n / h, head = n % h, kvh = seq * hkv + head / group;
+                g = min64(min64(most, end - n), group - head % group);
+                const void *kh = (const char *)k + kvh * l * d * es, *vh = (const char *)v + kvh * l * d * es;
+                /* the next run's key/value head, when it is another one */
+                int64_t nn = n + g, next = nn / h * hkv + nn % h / group;
+                const void *nk = nn < b * h && next != kvh ? (const char *)k + next * l * d * es : NULL;
+                const void *nv = nk ? (const char *)v + next * l * d * es : NULL;
+                attend_group(simd_path(), g, q + seq * q_s + head * q_h, q_h, kh, vh, keys, d, scale,
+                             heap ? heap + n * keys : buf, keys, out + seq * o_s + head * o_h, o_h, nk, nv, h16);
+            }
+        }
+        free(heap);
+        return;
+    }
+#endif
     /* Split among the threads from ~43 keys a head at 12 heads: a decode step's attention reads its
        cache from memory (evicted by the weights), and two threads made the whole step measurably
        faster (docs/benchmarks.md). */
@@ -2571,29 +2693,33 @@ static int ragged_attention(TokHeads q, TokHeads kn, TokHeads vn, int64_t n, int
         int64_t part, parts;
         my_part(&part, &parts);
         int64_t first = items_split(cum, n, h, part, parts), end = items_split(cum, n, h, part + 1, parts);
-        for (int64_t item = first; item < end; item++) {
+        int64_t most = simd ? min64(group, group_most(simd_path(), d)) : 1;
+        for (int64_t item = first, g; item < end; item += g) {
             int64_t tok = item / h, head = item % h, r = row_of[tok], kvh = head / group;
             int64_t keys = off[r] + (tok - start[r]) + 1;
+            /* the query heads of the token's group that fall in this run, `most` at a time (attend_group) */
+            g = min64(min64(most, end - item), group - head % group);
             const float *qi = tok_head(q, tok, head);
             const void *kh = (const char *)k[r] + kvh * l[r] * d * es, *vh = (const char *)v[r] + kvh * l[r] * d * es;
             float *o = out + (tok * h + head) * d;
 #if HAVE_X86
             if (simd) {
-                float buf[STACK_KEYS], *s = keys <= STACK_KEYS ? buf : malloc(sizeof(float) * (size_t)keys);
+                float buf[GROUP_MAX * STACK_KEYS];
+                float *s = keys <= STACK_KEYS ? buf : malloc(sizeof(float) * (size_t)(g * keys));
                 if (s) {
                     /* a decode row's next item's key/value head, when it is another one (see attend_simd) */
-                    int64_t nt = (item + 1) / h, nkv = (item + 1) % h / group;
-                    int64_t nr = item + 1 < end && len[r] == 1 ? row_of[nt] : -1;
+                    int64_t nt = (item + g) / h, nkv = (item + g) % h / group;
+                    int64_t nr = item + g < end && len[r] == 1 ? row_of[nt] : -1;
                     if (nr == r && nkv == kvh) nr = -1;
                     const void *nk = nr >= 0 ? (const char *)k[nr] + nkv * l[nr] * d * es : NULL;
                     const void *nv = nr >= 0 ? (const char *)v[nr] + nkv * l[nr] * d * es : NULL;
-                    attend_simd(simd_path(), qi, kh, vh, keys, d, scale, s, o, nk, nv, h16);
+                    attend_group(simd_path(), g, qi, q.head_s, kh, vh, keys, d, scale, s, keys, o, d, nk, nv, h16);
                     if (s != buf) free(s);
                     continue;
                 }
             }
 #endif
-            attend_portable(qi, kh, vh, keys, d, scale, o, h16);
+            for (int64_t i = 0; i < g; i++) attend_portable(qi + i * q.head_s, kh, vh, keys, d, scale, o + i * d, h16);
         }
     }
     free(row_of);

@@ -322,6 +322,59 @@ def test_ragged_gqa_attention_is_one_c_call_for_the_step(simd, no_defaults, monk
         np.testing.assert_array_equal(vc, v_want[slot])
 
 
+GROUPS = [
+    # (query heads, key/value heads, head size, offset): decode steps whose groups the AVX-512 path attends
+    # together (up to 4 query heads at D = 64, 2 at D = 128), split among 2 threads mid-group
+    (9, 3, 64, 40),      # SmolLM2: groups of 3
+    (14, 2, 64, 100),    # Qwen2.5-0.5B: 7 = 4 + 3
+    (8, 2, 128, 30),     # Llama 3.2 1B's ratio at D = 128: 4 = 2 + 2
+    (16, 8, 128, 7),     # Qwen3-0.6B: groups of 2
+    (4, 1, 64, 4100),    # past STACK_KEYS keys (the scores on the heap)
+]
+
+
+def _alone(be, q, k, v, head, offset):
+    """Query head `head` of q [B, H, T, D] attended alone over its key/value head (a group of one)."""
+    r = q.shape[1] // k.shape[1]
+    kv = slice(head // r, head // r + 1)
+    return be.gqa_attention(np.ascontiguousarray(q[:, head : head + 1]), np.ascontiguousarray(k[:, kv]),
+                            np.ascontiguousarray(v[:, kv]), offset)
+
+
+@pytest.mark.parametrize("kv_dtype", [np.float32, np.float16], ids=["kv32", "kv16"])
+@pytest.mark.parametrize(("h", "kv", "d", "offset"), GROUPS)
+def test_a_groups_query_heads_attended_together_keep_each_heads_bits(simd, kv_dtype, h, kv, d, offset):
+    # Reading each key and value row once for the group changes no query's arithmetic: every head's output
+    # is the bits of that head attended alone; and within float32's roundings of float64.
+    rng = np.random.default_rng(h * 1000 + d + offset)
+    k, v = (rng.standard_normal((2, kv, offset + 3, d)).astype(kv_dtype) for _ in "kv")
+    q = rng.standard_normal((2, h, 1, d)).astype(np.float32)
+    be = HalfBackend(threads=2)
+    got = be.gqa_attention(q, k, v, offset)
+    for head in range(h):
+        np.testing.assert_array_equal(got[:, head : head + 1], _alone(be, q, k, v, head, offset))
+    s = offset + 1
+    close(got, ref.gqa_attention(q, k[:, :, :s].astype(np.float64), v[:, :, :s].astype(np.float64), offset),
+          rtol=2e-5)
+
+
+@pytest.mark.parametrize("kv_dtype", [np.float32, np.float16], ids=["kv32", "kv16"])
+def test_a_ragged_steps_groups_keep_each_heads_bits(simd, kv_dtype):
+    # As above, in the ragged step's one call: decode rows (grouped) and a prompt row, each query head of
+    # each row the bits of that head attended alone over its slot's caches as the call left them.
+    rows = [(0, 20, 1), (1, 39, 1), (3, 0, 6), (2, 7, 1)]
+    for h, kv, d, _ in GROUPS[:4]:
+        q, k, v, slots, packed = _ragged_gqa_case(h, kv, d, rows, 48, kv_dtype, seed=h + d)
+        be = HalfBackend(threads=2)
+        got = be.ragged_gqa_attention(q, k, v, slots, packed)
+        for r in packed:
+            kc, vc = slots[r.slot]
+            qr = q[:, :, r.start : r.start + r.length]
+            for head in range(h):
+                np.testing.assert_array_equal(got[:, head : head + 1, r.start : r.start + r.length],
+                                              _alone(be, qr, kc, vc, head, r.offset))
+
+
 def _ragged_gqa_args(rows=((0, 5, 2), (2, 11, 3), (1, 0, 1))):
     q, k, v, slots, packed = _ragged_gqa_case(6, 2, 16, list(rows), 32)
     table = np.array([(r.slot, r.offset, r.start, r.length) for r in packed], dtype=np.int64)
