@@ -144,7 +144,9 @@ def time_ragged(model, ids: np.ndarray, new_tokens: int) -> tuple[float, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--backends", default="half,half:dtype=int8,torch")
+    ap.add_argument("--backends", default="half,half:dtype=int8,torch",
+                    help="backend specs, split at ',' or, where a spec has options of its own, at ';' "
+                         "('half:dtype=q4;half:dtype=q4,kv=float16')")
     ap.add_argument("--prompt-tokens", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--repeat", type=int, default=3)
@@ -162,8 +164,10 @@ def main() -> None:
     rows = f"{args.ragged} sequences through forward_ragged; " if args.ragged else ""
     print(f"{title} shape, random weights; {rows}prompt {args.prompt_tokens} tokens, {args.new_tokens} "
           f"decoded, median of {args.repeat} interleaved rounds")
-    print(f"{'backend':<22} {'variant':<10} {'prefill ms/tok':>15} {'decode ms/tok':>14} {'x native':>17}")
-    for spec in args.backends.split(","):
+    specs = args.backends.split(";" if ";" in args.backends else ",")
+    wide = max(22, *(len(s) for s in specs))
+    print(f"{'backend':<{wide}} {'variant':<10} {'prefill ms/tok':>15} {'decode ms/tok':>14} {'x native':>17}")
+    for spec in specs:
         models = {k: load(config, sd, variant(get_backend(spec), k)) for k in kinds}
         for m in models.values():  # warm up: first calls, thread pools, oneDNN primitives
             run(m, ids[:, :8], 2)
@@ -182,7 +186,7 @@ def main() -> None:
                 rp = statistics.median(r[0] / b[0] for r, b in zip(runs[k], base, strict=True))
                 rd = statistics.median(r[1] / b[1] for r, b in zip(runs[k], base, strict=True))
                 ratio = f"{rp:.2f} / {rd:.2f}"
-            print(f"{spec:<22} {k:<10} {1e3 * p:>15.2f} {1e3 * d:>14.2f} {ratio:>17}")
+            print(f"{spec:<{wide}} {k:<10} {1e3 * p:>15.2f} {1e3 * d:>14.2f} {ratio:>17}")
         for m in models.values():
             m.backend.close()
         del models
