@@ -166,7 +166,8 @@ def main() -> None:
           f"decoded, median of {args.repeat} interleaved rounds")
     specs = args.backends.split(";" if ";" in args.backends else ",")
     wide = max(22, *(len(s) for s in specs))
-    print(f"{'backend':<{wide}} {'variant':<10} {'prefill ms/tok':>15} {'decode ms/tok':>14} {'x native':>17}")
+    print(f"{'backend':<{wide}} {'variant':<10} {'prefill ms/tok':>15} {'decode ms/tok':>14} "
+          f"{'x native':>17}")
     for spec in specs:
         models = {k: load(config, sd, variant(get_backend(spec), k)) for k in kinds}
         for m in models.values():  # warm up: first calls, thread pools, oneDNN primitives
