@@ -109,9 +109,10 @@ def _flags(add) -> dict[str, tuple[list[str], str | None, str | None]]:
 def test_the_model_flags_help():
     assert _flags(add_model_args) == {
         "model_dir": (["-m", "--model", "--model-dir"], "NAME",
-                      "a folder, a Hub name (gpt2, gpt2-medium, gpt2-large, gpt2-xl, distilgpt2, "
-                      "ORG/NAME[@REVISION]) or random / random:tiny (default: gpt2 from the Hugging Face "
-                      "cache; see docs/models.md)"),
+                      "a folder, a Hub name (gpt2, gpt2-medium, gpt2-large, gpt2-xl, distilgpt2, or "
+                      "ORG/NAME[@REVISION] of a GPT-2 or Llama-family model, as "
+                      "HuggingFaceTB/SmolLM2-135M-Instruct) or random / random:tiny (default: gpt2 from the "
+                      "Hugging Face cache; see docs/models.md)"),
         "backend": (["-b", "--backend"], "NAME", "compute backend, optionally with options: "
                     "NAME[:key=value,...] (default: $INFERNO_BACKEND or numpy; see 'inferno backends')"),
         "threads": (["--threads"], "N", "worker threads (cpu-threaded, torch, half; default: usable cores); "

@@ -77,8 +77,9 @@ bias.__name__ = "ID=BIAS"
 def add_model_args(p: argparse.ArgumentParser) -> None:
     arg = p.add_argument
     arg("-m", "--model", "--model-dir", dest="model_dir", metavar="NAME",
-        help="a folder, a Hub name (gpt2, gpt2-medium, gpt2-large, gpt2-xl, distilgpt2, ORG/NAME[@REVISION]) "
-        "or random / random:tiny (default: gpt2 from the Hugging Face cache; see docs/models.md)")
+        help="a folder, a Hub name (gpt2, gpt2-medium, gpt2-large, gpt2-xl, distilgpt2, or "
+        "ORG/NAME[@REVISION] of a GPT-2 or Llama-family model, as HuggingFaceTB/SmolLM2-135M-Instruct) or "
+        "random / random:tiny (default: gpt2 from the Hugging Face cache; see docs/models.md)")
     arg("-b", "--backend", metavar="NAME", help="compute backend, optionally with options: "
         "NAME[:key=value,...] (default: $INFERNO_BACKEND or numpy; see 'inferno backends')")
     arg("--threads", metavar="N", type=positive,

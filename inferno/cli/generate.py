@@ -51,7 +51,8 @@ from inferno.jobs.fits import too_long
 def _generate_parser() -> argparse.ArgumentParser:
     p = Parser(
         prog="inferno",
-        description="Generate text with GPT-2 (124M) on the CPU. The prompt is PROMPT, then (on a new line) "
+        description="Generate text on the CPU with GPT-2 (124M), or with the GPT-2 or Llama-family model "
+        "(Llama, SmolLM2, Qwen2/2.5/3, Mistral) that -m names. The prompt is PROMPT, then (on a new line) "
         "the text of -f FILE or, without -f, of stdin when it is a pipe or a file; one trailing newline of "
         "that text is dropped.",
         epilog="Subcommands: 'inferno score FILE' gives a text's perplexity; 'inferno batch IN -o OUT' "
