@@ -3,7 +3,9 @@ its tiles emulated in plain C (`inferno_half/_amx_emulated.h`), so that every ma
 checks the AMX paths' layouts, edges and arithmetic; only their speed needs the real tiles.
 
 The emulated build is compiled once per version of the C sources into the temporary directory (a lock
-keeps test workers from building it twice) and imported as `_kernels_amx_emulated`.
+keeps test workers from building it twice) and imported as `_kernels_amx_emulated`. With
+INFERNO_HALF_SANITIZE=1 it is built with AddressSanitizer and UBSan (CI's emulated stage: every path's
+reads and writes checked; the process must preload their runtimes, see `.ci/run`).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import fcntl
 import functools
 import hashlib
 import importlib.util
+import os
 import shutil
 import subprocess
 import sys
@@ -32,8 +35,14 @@ NAME = "_kernels_amx_emulated"
 INSTALLED = hb._KERNELS
 
 
+#: INFERNO_HALF_SANITIZE=1: the emulated build's sanitizers (an out-of-bounds access or undefined behaviour
+#: ends the process with a report).
+SANITIZE = ["-O1", "-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-sanitize-recover=undefined"]
+
+
 def _build(src: Path) -> ModuleType:
-    digest = hashlib.sha256(sys.version.encode())
+    sanitize = SANITIZE if os.environ.get("INFERNO_HALF_SANITIZE") == "1" else []
+    digest = hashlib.sha256(sys.version.encode() + " ".join(sanitize).encode())
     for name in SOURCES:
         digest.update((src / name).read_bytes())
     out = Path(tempfile.gettempdir()) / f"inferno-gpt2-half-amx-emulated-{digest.hexdigest()[:16]}"
@@ -44,8 +53,9 @@ def _build(src: Path) -> ModuleType:
         if not lib.exists():
             tmp = lib.with_suffix(".tmp")
             subprocess.run([shutil.which("cc") or "gcc", "-O2", "-ffp-contract=off", "-fopenmp", "-shared",
-                            "-fPIC", "-DINFERNO_HALF_EMULATE_AMX", f"-I{sysconfig.get_paths()['include']}",
-                            str(src / "_kernels.c"), "-o", str(tmp)], check=True, capture_output=True)
+                            "-fPIC", "-DINFERNO_HALF_EMULATE_AMX", *sanitize,
+                            f"-I{sysconfig.get_paths()['include']}", str(src / "_kernels.c"), "-o", str(tmp)],
+                           check=True, capture_output=True)
             tmp.rename(lib)
     spec = importlib.util.spec_from_file_location(NAME, lib)
     module = importlib.util.module_from_spec(spec)
@@ -72,8 +82,10 @@ def amx_kernels(emulated: bool = False) -> tuple[ModuleType | None, str, str]:
         module = _build(src)
     except subprocess.CalledProcessError as exc:
         return None, f"{why}, and the emulated build failed: {exc.stderr.decode()[-500:]}", ""
+    sanitized = ", under AddressSanitizer and UBSan" if os.environ.get("INFERNO_HALF_SANITIZE") == "1" else ""
     return (module, module.amx_support(),
-            f"AMX tiles emulated in C ({why}): the paths' arithmetic is checked, not the instructions")
+            f"AMX tiles emulated in C ({why}{sanitized}): the paths' arithmetic is checked, not the "
+            "instructions")
 
 
 def bf16_path_kernels(path: str, monkeypatch: pytest.MonkeyPatch, which: str) -> Iterator[ModuleType]:
