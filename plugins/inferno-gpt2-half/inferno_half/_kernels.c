@@ -1209,10 +1209,11 @@ static void my_part(int64_t *part, int64_t *parts) {
 #endif
 }
 
-/* The run of `count` panels the calling thread of a parallel region takes: one contiguous run each, as many
-   panels as the others' (a run the hardware prefetcher follows). (Equal tasks of TASK panels, dealt in
-   order, split SmolLM2's 18 panels of 576 outputs 12 to 6, and its 6 of 192 outputs 4 to 2.) */
-static void my_panels(int64_t count, int64_t *first, int64_t *end) {
+/* The run of `count` items (a product's panels, a decode step's query heads) the calling thread of a
+   parallel region takes: one contiguous run each, as many items as the others' (a run the hardware
+   prefetcher follows). (Equal tasks of TASK panels, dealt in order, split SmolLM2's 18 panels of 576
+   outputs 12 to 6, and its 6 of 192 outputs 4 to 2.) */
+static void my_share(int64_t count, int64_t *first, int64_t *end) {
     int64_t part, parts;
     my_part(&part, &parts);
     *first = count * part / parts;
@@ -1293,7 +1294,7 @@ static int product_quant_many(const float *x, int64_t m, int64_t k, Many mw, int
                     cp[r0 * kb + blk * sizes[t] + r] = c[(r0 + r) * kb + blk] / (fmt == FMT_Q4 ? 16 : 1);
                 }
             }
-        /* Each thread its run of all the weights' panels (my_panels), in pieces of at most TASK panels
+        /* Each thread its run of all the weights' panels (my_share), in pieces of at most TASK panels
            (q4buf's size) within one weight. */
 #ifdef _OPENMP
 #pragma omp parallel num_threads(threads > 0 ? threads : 1) if (threads > 1 && total > TASK)
@@ -1305,7 +1306,7 @@ static int product_quant_many(const float *x, int64_t m, int64_t k, Many mw, int
         int64_t worker = 0;
 #endif
         int64_t g, g1;
-        my_panels(total, &g, &g1);
+        my_share(total, &g, &g1);
         while (g < g1) {
             int j = 0;
             while (g >= first[j + 1]) j++;
@@ -1341,7 +1342,7 @@ static int product_quant(const float *x, int64_t m, int64_t k, const uint16_t *w
 
 /* y = x @ w.T + b, see the top of the file: x is [m, k], w the panels of n outputs, y [m, n]; with `act`
    1, y = gelu_new(x @ w.T + b) (the MLP's first product). MC rows at a time, each chunk's panels split
-   among `threads` threads, one contiguous run each (my_panels). Returns 0. */
+   among `threads` threads, one contiguous run each (my_share). Returns 0. */
 static int product_in16(const float *x, int64_t m, int64_t k, const uint16_t *w, int64_t n, const float *b,
                         float *y, int threads, int act);
 
@@ -1370,7 +1371,7 @@ static int product(const float *x, int64_t m, int64_t k, const uint16_t *w, int6
 #endif
         {
             int64_t p0, end;
-            for (my_panels(count, &p0, &end); p0 < end; p0 += TASK)
+            for (my_share(count, &p0, &end); p0 < end; p0 += TASK)
                 panels(simd, xs, mc, k, w, p0, min64(end, p0 + TASK), b, y + m0 * n, n, fmt, act, sizes, tiles);
         }
     }
@@ -1746,7 +1747,7 @@ static void attend_all(int64_t b, int64_t h, int64_t hkv, int64_t t, int64_t d, 
         {
             float buf[GROUP_MAX * STACK_KEYS];
             int64_t first, end, keys = offset + 1;
-            my_panels(b * h, &first, &end);
+            my_share(b * h, &first, &end);
             for (int64_t n = first, g; n < end; n += g) {
                 int64_t seq = n / h, head = n % h, kvh = seq * hkv + head / group;
                 g = min64(min64(most, end - n), group - head % group);
@@ -2382,7 +2383,7 @@ static int in16_path(const char **why) {
 }
 
 /* product() of a bfloat16 weight with inputs=bfloat16 (see above): on AMX-BF16 tiles where the CPU has them,
-   else MC rows at a time, tiles of up to MR_MAX rows, the panels split among the threads (my_panels).
+   else MC rows at a time, tiles of up to MR_MAX rows, the panels split among the threads (my_share).
    Returns 0, -1 out of memory, or 1 when this CPU has neither path (nothing computed). */
 static int product_in16(const float *x, int64_t m, int64_t k, const uint16_t *w, int64_t n, const float *b,
                         float *y, int threads, int act) {
@@ -2406,7 +2407,7 @@ static int product_in16(const float *x, int64_t m, int64_t k, const uint16_t *w,
 #endif
         {
             int64_t p, end;
-            for (my_panels(count, &p, &end); p < end; p++)
+            for (my_share(count, &p, &end); p < end; p++)
                 for (int64_t t = 0, r0 = 0; t < tiles; r0 += sizes[t], t++)
                     TILES_IN16[sizes[t]](xb + r0 * kh, k, w + p * gs, b, y + (m0 + r0) * n, n, p * PANEL, act);
         }

@@ -37,7 +37,8 @@ INSTALLED = hb._KERNELS
 
 #: INFERNO_HALF_SANITIZE=1: the emulated build's sanitizers (an out-of-bounds access or undefined behaviour
 #: ends the process with a report).
-SANITIZE = ["-O1", "-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-sanitize-recover=undefined"]
+SANITIZE = ["-O1", "-fsanitize=address,undefined", "-fno-omit-frame-pointer",
+            "-fno-sanitize-recover=undefined"]
 
 
 def _build(src: Path) -> ModuleType:
