@@ -1590,11 +1590,92 @@ X86 static void attend_simd(int simd, const float *qi, const void *kh, const voi
 #endif
 
 #if HAVE_X86
-/* The query heads of a group (grouped-query attention: query heads that read the same key/value head) that
-   attend_group_512 takes in one pass: g * d / 16 sums must stay in registers through the V pass. */
+/* How many query heads of a group (grouped-query attention: query heads that read the same key/value head)
+   attend_group takes in one pass: on AVX-512 up to 4 at d = 64 and 2 at d = 128 (g * d / 16 sums stay in
+   registers through the V pass), on AVX2 up to 4 at any d (its sums in memory, as attend_x86's). */
 #define GROUP_MAX 4
 static int64_t group_most(int simd, int64_t d) {
+    if (simd == PATH_AVX2) return d % 8 == 0 ? GROUP_MAX : 1;  /* attend_group_x86: sums in memory */
     return simd != PATH_AVX512 ? 1 : d == 64 ? GROUP_MAX : d == 128 ? 2 : 1;
+}
+
+/* attend_x86_kv for g query heads of one group (as attend_group_kv; d a multiple of 8): each key and value
+   row loaded once for the g, every query's arithmetic attend_x86_kv's in its order (the same bits). g is a
+   constant where attend_group_x86 calls it. */
+X86 KV_BODY void attend_group_x86_kv(const int g, const float *q, int64_t q_h, const void *kh, const void *vh,
+                                     int64_t keys, int64_t d, float scale, float *s, int64_t s_h, float *o,
+                                     int64_t o_h, const void *next_k, const void *next_v, int h16) {
+    const int64_t es = h16 ? 2 : 4;
+    float m[GROUP_MAX], sum[GROUP_MAX];
+    for (int i = 0; i < g; i++) m[i] = -INFINITY;
+    for (int64_t j = 0; j < keys; j++) {
+        const void *kj = (const char *)kh + j * d * es;
+        if (next_k) {  /* a decode row: this head's values, the next head's keys */
+            prefetch_row(vh, j, d * es);
+            prefetch_row(next_k, j, d * es);
+        }
+        __m256 a0[GROUP_MAX], a1[GROUP_MAX];  /* dot_x86's two sums, for each query */
+        for (int i = 0; i < g; i++) a0[i] = a1[i] = _mm256_setzero_ps();
+        int64_t c = 0;
+        for (; c + 16 <= d; c += 16) {
+            __m256 k0 = kv_load8(kj, c, h16), k1 = kv_load8(kj, c + 8, h16);
+            for (int i = 0; i < g; i++) {
+                a0[i] = _mm256_fmadd_ps(_mm256_loadu_ps(q + i * q_h + c), k0, a0[i]);
+                a1[i] = _mm256_fmadd_ps(_mm256_loadu_ps(q + i * q_h + c + 8), k1, a1[i]);
+            }
+        }
+        if (c < d) {
+            __m256 k0 = kv_load8(kj, c, h16);
+            for (int i = 0; i < g; i++) a0[i] = _mm256_fmadd_ps(_mm256_loadu_ps(q + i * q_h + c), k0, a0[i]);
+        }
+        for (int i = 0; i < g; i++) {
+            float sc = hsum(_mm256_add_ps(a0[i], a1[i])) * scale;
+            s[i * s_h + j] = sc;
+            if (sc > m[i]) m[i] = sc;
+        }
+    }
+    for (int i = 0; i < g; i++) {
+        float *si = s + i * s_h, *oi = o + i * o_h;
+        int64_t j = 0;
+        __m256 vm = _mm256_set1_ps(m[i]), vs = _mm256_setzero_ps();
+        for (; j + 8 <= keys; j += 8) {
+            __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(si + j), vm));
+            _mm256_storeu_ps(si + j, e);
+            vs = _mm256_add_ps(vs, e);
+        }
+        sum[i] = hsum(vs);
+        for (; j < keys; j++) { si[j] = expf(si[j] - m[i]); sum[i] += si[j]; }
+        for (int64_t c = 0; c < d; c += 8) _mm256_storeu_ps(oi + c, _mm256_setzero_ps());
+    }
+    for (int64_t j = 0; j < keys; j++) {
+        const void *vj = (const char *)vh + j * d * es;
+        prefetch_row(next_v, j, d * es);
+        __m256 p[GROUP_MAX];
+        for (int i = 0; i < g; i++) p[i] = _mm256_set1_ps(s[i * s_h + j]);
+        for (int64_t c = 0; c < d; c += 8) {
+            __m256 vc = kv_load8(vj, c, h16);
+            for (int i = 0; i < g; i++)
+                _mm256_storeu_ps(o + i * o_h + c, _mm256_fmadd_ps(p[i], vc, _mm256_loadu_ps(o + i * o_h + c)));
+        }
+    }
+    for (int i = 0; i < g; i++) {
+        __m256 inv = _mm256_set1_ps(1.0f / sum[i]);
+        for (int64_t c = 0; c < d; c += 8)
+            _mm256_storeu_ps(o + i * o_h + c, _mm256_mul_ps(_mm256_loadu_ps(o + i * o_h + c), inv));
+    }
+}
+
+/* attend_group_x86_kv with g (2 .. GROUP_MAX) and h16 constants. */
+X86 static void attend_group_x86(int64_t g, const float *q, int64_t q_h, const void *kh, const void *vh,
+                                 int64_t keys, int64_t d, float scale, float *s, int64_t s_h, float *o, int64_t o_h,
+                                 const void *next_k, const void *next_v, int h16) {
+#define GROUP_X86(G) \
+    if (g == G) { \
+        if (h16) attend_group_x86_kv(G, q, q_h, kh, vh, keys, d, scale, s, s_h, o, o_h, next_k, next_v, 1); \
+        else attend_group_x86_kv(G, q, q_h, kh, vh, keys, d, scale, s, s_h, o, o_h, next_k, next_v, 0); \
+        return; \
+    }
+    GROUP_X86(2) GROUP_X86(3) GROUP_X86(4)
 }
 
 /* attend_512_kv for g query heads of one group over their key/value head (query i at q + i * q_h, its scores
@@ -1677,6 +1758,10 @@ X86 static void attend_group(int simd, int64_t g, const float *q, int64_t q_h, c
     if (simd == PATH_AVX512 && g > 1
         && attend_group_512(g, q, q_h, kh, vh, keys, d, scale, s, s_h, o, o_h, next_k, next_v, h16))
         return;
+    if (simd == PATH_AVX2 && g > 1 && d % 8 == 0) {
+        attend_group_x86(g, q, q_h, kh, vh, keys, d, scale, s, s_h, o, o_h, next_k, next_v, h16);
+        return;
+    }
     for (int64_t i = 0; i < g; i++)  /* the next head's rows for the last query of the group only */
         attend_simd(simd, q + i * q_h, kh, vh, keys, d, scale, s + i * s_h, o + i * o_h, i + 1 == g ? next_k : NULL,
                     i + 1 == g ? next_v : NULL, h16);
