@@ -47,8 +47,8 @@ static void emu_tile_zero(int t) { memset(emu_tiles.data[t], 0, sizeof emu_tiles
 
 /* The two dot products (and emu_bf16) read and write only the thread's own tiles: the loads and stores
    above are what touch the kernels' memory. So the sanitized build (tests/amx_kernels.py,
-   INFERNO_HALF_SANITIZE=1, -O1) leaves them unchecked and optimized as the plain build: checked at -O1
-   they took most of its time (a bfloat16 model test 25 s instead of 6). fp-contract=off as the build's. */
+   INFERNO_HALF_SANITIZE=1, -O1) leaves them unchecked and optimized as the plain build (checked at -O1,
+   they took most of its time), with fp-contract=off as the build's. */
 #if defined(__GNUC__)
 #define EMU_UNCHECKED __attribute__((no_sanitize("address", "undefined"), optimize("O2", "fp-contract=off")))
 #else
