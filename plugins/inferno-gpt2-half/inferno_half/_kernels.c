@@ -238,6 +238,21 @@ X86 static inline __m256 exp8(__m256 x) {
     return _mm256_mul_ps(y, _mm256_castsi256_ps(n));
 }
 
+/* A softmax's exponentials in place: s[j] = e^(s[j] - m) for j < n, 8 at a time (expf for the rest);
+   returns their sum. */
+X86 static inline float exp_sum8(float *s, int64_t n, float m) {
+    int64_t j = 0;
+    __m256 vm = _mm256_set1_ps(m), vs = _mm256_setzero_ps();
+    for (; j + 8 <= n; j += 8) {
+        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm));
+        _mm256_storeu_ps(s + j, e);
+        vs = _mm256_add_ps(vs, e);
+    }
+    float sum = hsum(vs);
+    for (; j < n; j++) { s[j] = expf(s[j] - m); sum += s[j]; }
+    return sum;
+}
+
 /* gelu_new of 8 values (see the portable gelu_new). */
 X86 static inline __m256 gelu8(__m256 x) {
     __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
@@ -992,6 +1007,20 @@ static const struct {
 
 X512 static inline __m512 exp16(__m512 x);
 
+/* exp_sum8 16 at a time. */
+X512 static inline float exp_sum16(float *s, int64_t n, float m) {
+    int64_t j = 0;
+    __m512 vm = _mm512_set1_ps(m), vs = _mm512_setzero_ps();
+    for (; j + 16 <= n; j += 16) {
+        __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + j), vm));
+        _mm512_storeu_ps(s + j, e);
+        vs = _mm512_add_ps(vs, e);
+    }
+    float sum = _mm512_reduce_add_ps(vs);
+    for (; j < n; j++) { s[j] = expf(s[j] - m); sum += s[j]; }
+    return sum;
+}
+
 /* gelu8's operations 16 lanes at a time (the same bits lane for lane). */
 X512 static inline __m512 gelu16(__m512 x) {
     __m512 x3 = _mm512_mul_ps(_mm512_mul_ps(x, x), x);
@@ -1501,17 +1530,9 @@ X86 KV_BODY void attend_x86_kv(const float *qi, const void *kh, const void *vh, 
         s[j] = dot_x86(qi, (const char *)kh + j * d * es, d, h16) * scale;
         if (s[j] > m) m = s[j];
     }
-    int64_t j = 0;
-    __m256 vm = _mm256_set1_ps(m), vs = _mm256_setzero_ps();
-    for (; j + 8 <= keys; j += 8) {
-        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm));
-        _mm256_storeu_ps(s + j, e);
-        vs = _mm256_add_ps(vs, e);
-    }
-    sum = hsum(vs);
-    for (; j < keys; j++) { s[j] = expf(s[j] - m); sum += s[j]; }
+    sum = exp_sum8(s, keys, m);
     for (int64_t c = 0; c < d; c += 8) _mm256_storeu_ps(o + c, _mm256_setzero_ps());
-    for (j = 0; j < keys; j++) {
+    for (int64_t j = 0; j < keys; j++) {
         const void *vj = (const char *)vh + j * d * es;
         prefetch_row(next_v, j, d * es);
         __m256 p = _mm256_set1_ps(s[j]);
@@ -1552,17 +1573,9 @@ X512 KV_BODY void attend_512_kv(const float *qi, const void *kh, const void *vh,
         s[j] = _mm512_reduce_add_ps(a) * scale;
         m = s[j] > m ? s[j] : m;
     }
-    int64_t j = 0;
-    __m512 vm = _mm512_set1_ps(m), vs = _mm512_setzero_ps();
-    for (; j + 16 <= keys; j += 16) {
-        __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + j), vm));
-        _mm512_storeu_ps(s + j, e);
-        vs = _mm512_add_ps(vs, e);
-    }
-    float sum = _mm512_reduce_add_ps(vs);
-    for (; j < keys; j++) { s[j] = expf(s[j] - m); sum += s[j]; }
+    float sum = exp_sum16(s, keys, m);
     for (int c = 0; c < nv; c++) acc[c] = _mm512_setzero_ps();
-    for (j = 0; j < keys; j++) {
+    for (int64_t j = 0; j < keys; j++) {
         const void *vj = (const char *)vh + j * d * es;
         prefetch_row(next_v, j, d * es);
         __m512 p = _mm512_set1_ps(s[j]);
@@ -1635,16 +1648,8 @@ X86 KV_BODY void attend_group_x86_kv(const int g, const float *q, int64_t q_h, c
         }
     }
     for (int i = 0; i < g; i++) {
-        float *si = s + i * s_h, *oi = o + i * o_h;
-        int64_t j = 0;
-        __m256 vm = _mm256_set1_ps(m[i]), vs = _mm256_setzero_ps();
-        for (; j + 8 <= keys; j += 8) {
-            __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(si + j), vm));
-            _mm256_storeu_ps(si + j, e);
-            vs = _mm256_add_ps(vs, e);
-        }
-        sum[i] = hsum(vs);
-        for (; j < keys; j++) { si[j] = expf(si[j] - m[i]); sum[i] += si[j]; }
+        float *oi = o + i * o_h;
+        sum[i] = exp_sum8(s + i * s_h, keys, m[i]);
         for (int64_t c = 0; c < d; c += 8) _mm256_storeu_ps(oi + c, _mm256_setzero_ps());
     }
     for (int64_t j = 0; j < keys; j++) {
@@ -1709,16 +1714,7 @@ X512 KV_BODY void attend_group_kv(const int g, const int nv, const float *q, int
         }
     }
     for (int i = 0; i < g; i++) {
-        float *si = s + i * s_h;
-        int64_t j = 0;
-        __m512 vm = _mm512_set1_ps(m[i]), vs = _mm512_setzero_ps();
-        for (; j + 16 <= keys; j += 16) {
-            __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(si + j), vm));
-            _mm512_storeu_ps(si + j, e);
-            vs = _mm512_add_ps(vs, e);
-        }
-        sum[i] = _mm512_reduce_add_ps(vs);
-        for (; j < keys; j++) { si[j] = expf(si[j] - m[i]); sum[i] += si[j]; }
+        sum[i] = exp_sum16(s + i * s_h, keys, m[i]);
         for (int c = 0; c < nv; c++) acc[i][c] = _mm512_setzero_ps();
     }
     for (int64_t j = 0; j < keys; j++) {
@@ -1931,15 +1927,7 @@ X512 static void attend_tile512(const float *qp, const float *kt, int64_t lk, co
         for (; j + 16 <= n; j += 16) vm = _mm512_max_ps(vm, _mm512_loadu_ps(sr + j));
         float m = _mm512_reduce_max_ps(vm);
         for (; j < n; j++) m = sr[j] > m ? sr[j] : m;
-        __m512 vs = _mm512_setzero_ps();
-        vm = _mm512_set1_ps(m);
-        for (j = 0; j + 16 <= n; j += 16) {
-            __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(sr + j), vm));
-            _mm512_storeu_ps(sr + j, e);
-            vs = _mm512_add_ps(vs, e);
-        }
-        float sum = _mm512_reduce_add_ps(vs);
-        for (; j < n; j++) { sr[j] = expf(sr[j] - m); sum += sr[j]; }
+        float sum = exp_sum16(sr, n, m);
         for (j = 0; j < n; j++) pt[j * QT + r] = sr[j];
         for (; j < keys; j++) pt[j * QT + r] = 0.0f;
         if (n) inv[r] = 1.0f / sum;
