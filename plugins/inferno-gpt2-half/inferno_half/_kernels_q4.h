@@ -139,8 +139,10 @@ static const q4_fn Q4TILES[7][5] = {{NULL}, {NULL, q4t512_1_1, q4t512_1_2, q4t51
                                     {NULL, q4t512_4_1}, {NULL, q4t512_5_1}, {NULL, q4t512_6_1}};
 
 /* AVX2 (no VNNI): one row, one panel, as four vectors of 8 outputs. vpmaddubsw multiplies the unsigned
-   nibbles by the signed inputs (pairs at most 2 * 15 * 127: no saturation), vpmaddwd by ones sums them
-   to int32: the same exact sums as vpdpbusd. Bytes 0 .. 31 of a group are outputs 0 .. 7 (low nibbles)
+   nibbles by the signed inputs (pairs at most 2 * 15 * 127 = 3810: no saturation), and a block's eight
+   groups add up in int16 (at most 8 * 3810 = 30480 < 32767: exact) before one vpmaddwd by ones sums
+   them to int32: the same exact sums as vpdpbusd, with one vpmaddwd a block where there was one a group
+   (the multiplies are what bounds this loop). Bytes 0 .. 31 of a group are outputs 0 .. 7 (low nibbles)
    and 16 .. 23 (high), bytes 32 .. 63 outputs 8 .. 15 and 24 .. 31. */
 X86 static void q4row256(const int32_t *xg, const float *dd, const int32_t *cc, int64_t kb, const uint8_t *w,
                          float *y, int64_t n, int64_t col0) {
@@ -149,7 +151,7 @@ X86 static void q4row256(const int32_t *xg, const float *dd, const int32_t *cc, 
     const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
     for (int v = 0; v < 4; v++) fa[v] = _mm256_setzero_ps();
     for (int64_t blk = 0; blk < kb; blk++) {
-        for (int v = 0; v < 4; v++) ia[v] = _mm256_set1_epi32(cc[blk]);
+        for (int v = 0; v < 4; v++) ia[v] = _mm256_setzero_si256();  /* int16 pair sums until the block ends */
         for (int g = 0; g < QB / 4; g++) {
             const uint8_t *src = w + blk * Q4_BLOCK + g * 64;
             __m256i r0 = _mm256_loadu_si256((const __m256i *)src), r1 = _mm256_loadu_si256((const __m256i *)(src + 32));
@@ -158,9 +160,10 @@ X86 static void q4row256(const int32_t *xg, const float *dd, const int32_t *cc, 
             wv[2] = _mm256_and_si256(_mm256_srli_epi16(r0, 4), low);
             wv[3] = _mm256_and_si256(_mm256_srli_epi16(r1, 4), low);
             __m256i xb = _mm256_set1_epi32(xg[blk * (QB / 4) + g]);
-            for (int v = 0; v < 4; v++)
-                ia[v] = _mm256_add_epi32(ia[v], _mm256_madd_epi16(_mm256_maddubs_epi16(wv[v], xb), ones));
+            for (int v = 0; v < 4; v++) ia[v] = _mm256_add_epi16(ia[v], _mm256_maddubs_epi16(wv[v], xb));
         }
+        for (int v = 0; v < 4; v++)
+            ia[v] = _mm256_add_epi32(_mm256_madd_epi16(ia[v], ones), _mm256_set1_epi32(cc[blk]));
         const uint8_t *sp = w + blk * Q4_BLOCK + QB * PANEL / 2;
         __m256 db = _mm256_set1_ps(dd[blk]);
         for (int v = 0; v < 4; v++) {

@@ -251,6 +251,24 @@ def _q4_rounded(w_in_out: np.ndarray) -> np.ndarray:
     return rounded
 
 
+@pytest.mark.parametrize("m", [1, 2, 5, 16])
+def test_q4_sums_are_exact_at_the_largest_nibbles_and_inputs(m, kernel_path):
+    # The AVX2 path adds a block's vpmaddubsw pairs in int16 before widening: 16 products of 15 * 127 a
+    # lane, 30480 of 32767. Here every product is at that bound (one weight a block at q = -8, the rest at
+    # q = 7: nibble 15; every input +-1: q = +-127), so an int16 sum carried past a block would wrap.
+    k, n = 96, 64
+    w_in_out = np.full((k, n), -0.875, np.float32)
+    w_in_out[::32] = 1.0  # each block's largest: s = 1 / -8, so -0.875 is q = 7
+    signs = np.where(np.arange(m)[:, None] % 2 == 0, 1.0, -1.0)
+    x = np.ones((m, k), np.float32) * signs.astype(np.float32)
+    w = pack(w_in_out.T, "q4")
+    y = np.full((m, n), np.nan, np.float32)
+    assert hb._KERNELS.matmul(x, w.blocks, n, None, y, code("q4"), 2, False)
+    want = _inputs(x, "q4") @ _q4_rounded(w_in_out)
+    assert np.abs(want).max() == pytest.approx(3 * (31 * 0.875 - 1))
+    np.testing.assert_allclose(y, want, rtol=1e-6, err_msg=kernel_path)
+
+
 @pytest.mark.parametrize("fmt", QUANTIZED)
 @pytest.mark.parametrize("m", [1, 3, 20])
 def test_quantized_product_of_a_non_finite_input_is_nan_not_garbage(fmt, m, kernel_path):
