@@ -6,6 +6,13 @@
      VNNI         VPDPBUSD zmm: 64 int8 x uint8 multiply-adds into int32 (int8 and q4 products)
      AVX512-BF16  VDPBF16PS zmm: 32 bfloat16 multiply-adds into float32 (attention=bfloat16 without AMX)
 
+   and on AVX2 (ymm; a CPU without AVX-512, or the paths INFERNO_HALF_ISA=avx2 forces), one "instruction"
+   being the sequence a product's inner loop runs for 32 int8 multiply-adds:
+
+     FMA          VFMADD231PS ymm: 8 float32 multiply-adds
+     int8         VPSIGNB, VPMADDUBSW, VPMADDWD, VPADDD: the int8 products' (as llama.cpp's q8_0 on AVX2)
+     q4           VPMADDUBSW, VPADDW, and one VPMADDWD + VPADDD a block of 8: q4's (sums in int16 a block)
+
    Build and run (x86-64, GCC 10+):
 
      gcc -O2 benches/dot_peaks.c -o /tmp/dot_peaks && /tmp/dot_peaks
@@ -59,7 +66,62 @@ __attribute__((target("avx512f,avx512bf16"))) static float bf16_loop(long iters)
     return _mm512_reduce_add_ps(s);
 }
 
-static void run(const char *name, const char *feature, int has, float (*loop)(long), int per_instruction) {
+__attribute__((target("avx2,fma"))) static float fma256_loop(long iters) {
+    __m256 a[ACC], b = _mm256_set1_ps(1.0000001f), c = _mm256_set1_ps(1e-7f);
+    for (int i = 0; i < ACC; i++) a[i] = _mm256_set1_ps((float)i);
+    for (long it = 0; it < iters; it++)
+#pragma GCC unroll 12
+        for (int i = 0; i < ACC; i++) a[i] = _mm256_fmadd_ps(a[i], b, c);
+    __m256 s = a[0];
+    for (int i = 1; i < ACC; i++) s = _mm256_add_ps(s, a[i]);
+    float t[8];
+    _mm256_storeu_ps(t, s);
+    return t[0];
+}
+
+/* AVX2's 16 registers hold 6 chains here, each its own weights; the input changes every step (one add
+   for the 6 chains), else the compiler hoists the loop-invariant products out of the loop. */
+#define ACC2 6
+__attribute__((target("avx2"))) static float int8_256_loop(long iters) {
+    __m256i a[ACC2], w[ACC2], x = _mm256_set1_epi8(3), step = _mm256_set1_epi8(1), ones = _mm256_set1_epi16(1);
+#pragma GCC unroll 6
+    for (int i = 0; i < ACC2; i++) a[i] = _mm256_setzero_si256(), w[i] = _mm256_set1_epi8((char)(i - 3));
+    for (long it = 0; it < iters; it++) {
+        x = _mm256_add_epi8(x, step);
+        __m256i ax = _mm256_abs_epi8(x);
+#pragma GCC unroll 6
+        for (int i = 0; i < ACC2; i++)
+            a[i] = _mm256_add_epi32(a[i], _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(w[i], x)), ones));
+    }
+    __m256i s = a[0];
+    for (int i = 1; i < ACC2; i++) s = _mm256_add_epi32(s, a[i]);
+    return (float)_mm256_extract_epi32(s, 0);
+}
+
+__attribute__((target("avx2"))) static float q4_256_loop(long iters) {  /* iters / 8 blocks of 8 groups */
+    __m256i a[ACC2], w[ACC2], x = _mm256_set1_epi8(3), step = _mm256_set1_epi8(1), ones = _mm256_set1_epi16(1);
+#pragma GCC unroll 6
+    for (int i = 0; i < ACC2; i++) a[i] = _mm256_setzero_si256(), w[i] = _mm256_set1_epi8((char)(i + 1));
+    for (long it = 0; it < iters / 8; it++) {
+        __m256i h[ACC2];
+#pragma GCC unroll 6
+        for (int i = 0; i < ACC2; i++) h[i] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int g = 0; g < 8; g++) {
+            x = _mm256_add_epi8(x, step);
+#pragma GCC unroll 6
+            for (int i = 0; i < ACC2; i++) h[i] = _mm256_add_epi16(h[i], _mm256_maddubs_epi16(w[i], x));
+        }
+#pragma GCC unroll 6
+        for (int i = 0; i < ACC2; i++) a[i] = _mm256_add_epi32(a[i], _mm256_madd_epi16(h[i], ones));
+    }
+    __m256i s = a[0];
+    for (int i = 1; i < ACC2; i++) s = _mm256_add_epi32(s, a[i]);
+    return (float)_mm256_extract_epi32(s, 0);
+}
+
+static void run(const char *name, const char *feature, int has, float (*loop)(long), int per_instruction,
+                int chains) {
     if (!has) {
         printf("| %s | | | CPU lacks %s |\n", name, feature);
         return;
@@ -68,8 +130,8 @@ static void run(const char *name, const char *feature, int has, float (*loop)(lo
     double t0 = cpu_seconds();
     float sink = loop(ITERS);
     double s = cpu_seconds() - t0;
-    printf("| %s | %.2f | %.0f | (%g) |\n", name, ITERS * ACC / s / 1e9, ITERS * ACC * per_instruction * 2.0 / s / 1e9,
-           (double)sink);
+    printf("| %s | %.2f | %.0f | (%g) |\n", name, ITERS * chains / s / 1e9,
+           ITERS * chains * per_instruction * 2.0 / s / 1e9, (double)sink);
 }
 
 int main(void) {
@@ -78,9 +140,13 @@ int main(void) {
     unsigned a, b, c, d;
     __asm__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(1));
     int bf16 = avx512 && (a & (1u << 5));
-    printf("| instruction (zmm, one core) | G instructions/s | GOP/s | |\n| --- | --: | --: | --- |\n");
-    run("VFMADD231PS (float32)", "AVX-512", avx512, fma_loop, 16);
-    run("VPDPBUSD (int8)", "AVX512-VNNI", avx512 && __builtin_cpu_supports("avx512vnni"), vnni_loop, 64);
-    run("VDPBF16PS (bfloat16)", "AVX512-BF16", bf16, bf16_loop, 32);
+    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    printf("| instruction (one core) | G instructions/s | GOP/s | |\n| --- | --: | --: | --- |\n");
+    run("VFMADD231PS zmm (float32)", "AVX-512", avx512, fma_loop, 16, ACC);
+    run("VPDPBUSD zmm (int8)", "AVX512-VNNI", avx512 && __builtin_cpu_supports("avx512vnni"), vnni_loop, 64, ACC);
+    run("VDPBF16PS zmm (bfloat16)", "AVX512-BF16", bf16, bf16_loop, 32, ACC);
+    run("VFMADD231PS ymm (float32)", "AVX2 and FMA", avx2, fma256_loop, 8, ACC);
+    run("AVX2 int8 sequence (32 int8 multiply-adds)", "AVX2", avx2, int8_256_loop, 32, ACC2);
+    run("AVX2 q4 sequence (32 multiply-adds, int16 sums)", "AVX2", avx2, q4_256_loop, 32, ACC2);
     return 0;
 }

@@ -19,6 +19,10 @@
    -8 * sum(q8) to take the 8s back out. Products of many rows run on AMX where it can (q4_panels_amx:
    the same bits). */
 
+#ifndef Q4_AVX2_ROWS
+#define Q4_AVX2_ROWS 4 /* the most rows of an AVX2 tile (q4tile256): the nibbles unpacked once for them all */
+#endif
+
 /* Q4_BLOCK (576 bytes: 512 of nibbles, 64 of scales) is defined with panel_elems, in _kernels.c. */
 
 /* The start of block `blk` of panel p of a q4 weight over k inputs. */
@@ -179,6 +183,59 @@ X86 static void q4row256(const int32_t *xg, const float *dd, const int32_t *cc, 
     }
 }
 
+/* AVX2, `mr` rows (2 to 4) at once, half `hp` of one panel: bytes hp * 32 .. hp * 32 + 31 of each group,
+   outputs 8 hp .. 8 hp + 7 (low nibbles) and 16 + 8 hp .. (high), unpacked once for all the rows. Each
+   row's arithmetic is q4row256's, in the same order: the same bits. xg, dd, cc: the tile's, input-major
+   ([group][mr], [block][mr]). */
+X86 static INLINE void q4tile256(const int32_t *xg, const float *dd, const int32_t *cc, int64_t kb, const uint8_t *w,
+                                 const int mr, const int hp, float *y, int64_t n, int64_t col0) {
+    __m256 fa[4][2];
+    __m256i h[4][2];
+    const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+#pragma GCC unroll 4
+    for (int r = 0; r < mr; r++) fa[r][0] = fa[r][1] = _mm256_setzero_ps();
+    for (int64_t blk = 0; blk < kb; blk++) {
+#pragma GCC unroll 4
+        for (int r = 0; r < mr; r++) h[r][0] = h[r][1] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int g = 0; g < QB / 4; g++) {
+            __m256i raw = _mm256_loadu_si256((const __m256i *)(w + blk * Q4_BLOCK + g * 64 + hp * 32));
+            __m256i w0 = _mm256_and_si256(raw, low), w1 = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
+#pragma GCC unroll 4
+            for (int r = 0; r < mr; r++) {
+                __m256i xb = _mm256_set1_epi32(xg[(blk * (QB / 4) + g) * mr + r]);
+                h[r][0] = _mm256_add_epi16(h[r][0], _mm256_maddubs_epi16(w0, xb));
+                h[r][1] = _mm256_add_epi16(h[r][1], _mm256_maddubs_epi16(w1, xb));
+            }
+        }
+        const uint8_t *sp = w + blk * Q4_BLOCK + QB * PANEL / 2;
+        __m256 s0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sp + 16 * hp)));
+        __m256 s1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sp + 16 * (hp + 2))));
+#pragma GCC unroll 4
+        for (int r = 0; r < mr; r++) {
+            __m256 db = _mm256_set1_ps(dd[blk * mr + r]);
+            __m256i c = _mm256_set1_epi32(cc[blk * mr + r]);
+            fa[r][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_madd_epi16(h[r][0], ones), c)),
+                                       _mm256_mul_ps(s0, db), fa[r][0]);
+            fa[r][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_madd_epi16(h[r][1], ones), c)),
+                                       _mm256_mul_ps(s1, db), fa[r][1]);
+        }
+    }
+    for (int r = 0; r < mr; r++)
+        for (int v = 0; v < 2; v++) {
+            int64_t col = col0 + 16 * v + 8 * hp;
+            float t[8];
+            _mm256_storeu_ps(t, fa[r][v]);
+            for (int64_t j = 0; j < 8 && col + j < n; j++) y[r * n + col + j] = t[j];
+        }
+}
+
+#define Q4T256(MR) \
+    X86 static void q4t256_##MR(ARGSQ4) { (void)gs; \
+        q4tile256(xg, dd, cc, kb, w, MR, 0, y, n, col0); q4tile256(xg, dd, cc, kb, w, MR, 1, y, n, col0); }
+Q4T256(2) Q4T256(3) Q4T256(4)
+static const q4_fn Q4TILES256[5] = {NULL, NULL, q4t256_2, q4t256_3, q4t256_4};
+
 /* Panels p0 .. p1 - 1 of the sums for the packed tiles of the quantized rows (as q8_panels_x86; tiles
    from q4_plan). */
 static void q4_panels_x86(int simd, const int32_t *xg, const float *dd, const int32_t *cc, int64_t m, int64_t k,
@@ -200,15 +257,16 @@ static void q4_panels_x86(int simd, const int32_t *xg, const float *dd, const in
             const int32_t *xt = xg + r0 * groups, *ct = cc + r0 * kb;
             const float *dt = dd + r0 * kb;
             if (simd == PATH_AVX512) Q4TILES[sizes[t]][1](xt, dt, ct, kb, w8 + p * gs, gs, y + r0 * n, n, p * PANEL);
+            else if (sizes[t] > 1) Q4TILES256[sizes[t]](xt, dt, ct, kb, w8 + p * gs, gs, y + r0 * n, n, p * PANEL);
             else q4row256(xt, dt, ct, kb, w8 + p * gs, y + r0 * n, n, p * PANEL);
         }
 }
 #endif
 
 /* How the q4 path `simd` splits m rows into tiles (as q8_plan): AVX-512 up to 3 rows in one tile, more in
-   balanced tiles of up to 6; AVX2 one row a tile; portable one tile. */
+   balanced tiles of up to 6; AVX2 balanced tiles of up to Q4_AVX2_ROWS; portable one tile. */
 static int64_t q4_plan(int simd, int64_t m, int64_t *sizes) {
-    int64_t most = simd == PATH_AVX512 ? (m <= 3 ? 3 : 6) : simd == PATH_AVX2 ? 1 : m;
+    int64_t most = simd == PATH_AVX512 ? (m <= 3 ? 3 : 6) : simd == PATH_AVX2 ? Q4_AVX2_ROWS : m;
     int64_t tiles = (m + most - 1) / most;
     for (int64_t t = 0; t < tiles; t++) sizes[t] = m / tiles + (t < m % tiles);
     return tiles;

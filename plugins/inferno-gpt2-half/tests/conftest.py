@@ -37,19 +37,24 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
-    """With --amx-emulated, the backend's kernels are the emulated build before any test module reads them."""
-    if config.getoption("--amx-emulated"):
-        from amx_kernels import amx_kernels
+    """With --amx-emulated, or INFERNO_HALF_SANITIZE=1, the backend's kernels are the emulated build (the
+    sanitized one) before any test module reads them. Sanitized, a CPU without AVX-512 VNNI runs that
+    build's other paths; --amx-emulated needs the emulation itself."""
+    from amx_kernels import SANITIZED, amx_kernels
 
+    emulate = config.getoption("--amx-emulated")
+    if emulate or SANITIZED:
         kernels, why, _ = amx_kernels(emulated=True)
-        if kernels is None or why:
-            raise pytest.UsageError(f"--amx-emulated: {why}")
+        if kernels is None or (emulate and why):
+            raise pytest.UsageError(f"{'--amx-emulated' if emulate else 'INFERNO_HALF_SANITIZE=1'}: {why}")
         hb._KERNELS = kernels
 
 
 def pytest_report_header(config):
-    """Says in the run's header how the AMX tests run here: on real tiles, emulated, or not at all."""
-    from amx_kernels import amx_kernels
+    """Says in the run's header how the AMX tests run here (on real tiles, emulated, or not at all), and
+    whether the kernels under test are sanitized."""
+    from amx_kernels import SANITIZED, amx_kernels
 
-    _, why, how = amx_kernels(emulated=config.getoption("--amx-emulated"))
-    return f"inferno-gpt2-half's AMX paths: {how or 'not tested: ' + why}"
+    _, why, how = amx_kernels(emulated=config.getoption("--amx-emulated") or SANITIZED)
+    sanitized = "; every kernel built under AddressSanitizer and UBSan" if SANITIZED else ""
+    return f"inferno-gpt2-half's AMX paths: {how or 'not tested: ' + why}{sanitized}"

@@ -125,6 +125,24 @@ def test_kernel_product_of_many_rows_matches_float64(fmt, m, kernel_path):
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("fmt", QUANTIZED)
+def test_quantized_product_of_every_short_row_matches_float64(fmt, kernel_path):
+    # Every k from 1 to 70: each way a row's last block of 32 can end within a vector of 8 or 16 inputs,
+    # which the SIMD quantizers load masked. Each row 10x the one before, so that a block reading past its
+    # row's end (into the next) gets another scale, and a padding input that quantized to non-zero moves
+    # q4's correction.
+    rng = np.random.default_rng(70)
+    m, n = 3, 40
+    for k in range(1, 71):
+        x = (rng.standard_normal((m, k)) * 10.0 ** np.arange(m)[:, None]).astype(np.float32)
+        w_in_out = rng.standard_normal((k, n)).astype(np.float32)
+        w = pack(w_in_out.T, fmt)
+        y = np.full((m, n), np.nan, np.float32)
+        assert hb._KERNELS.matmul(x, w.blocks, n, None, y, code(fmt), 2, False)
+        want = _inputs(x, fmt) @ _rounded(w_in_out, fmt)
+        np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5 * np.abs(want).max(), err_msg=f"k = {k}")
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_kernel_product_of_every_row_count_matches_float64(fmt, kernel_path):
     # Every m from 1 to two passes over the weights (MC = 96) and one more: each m is its own tile plan
@@ -173,6 +191,35 @@ def test_a_row_gets_the_same_bits_in_any_batch_and_on_either_simd_path(fmt):
         hb._KERNELS.force_portable(0)
     for other in results[1:]:
         np.testing.assert_array_equal(other, results[0])
+
+
+def test_q4_gets_the_same_bits_on_every_path_and_in_every_tile():
+    # q4's sums are exact and its one FMA a block is fmaf on the portable path: every path, and every tile
+    # a row lands in (AVX2's of 1 to 4 rows, which unpack the nibbles once for them all; AVX-512's of 1 to
+    # 6), gives the same bits as portable C's one row at a time.
+    rng = np.random.default_rng(44)
+    k, n = 200, 300
+    x = rng.standard_normal((21, k)).astype(np.float32)
+    w = pack(rng.standard_normal((n, k)).astype(np.float32), "q4")
+
+    def product(rows):
+        y = np.empty((len(rows), n), np.float32)
+        assert hb._KERNELS.matmul(np.ascontiguousarray(rows), w.blocks, n, None, y, code("q4"), 2, False)
+        return y
+
+    try:
+        hb._KERNELS.force_portable(1)
+        want = np.concatenate([product(x[i : i + 1]) for i in range(len(x))])
+    finally:
+        hb._KERNELS.force_portable(0)
+    paths = ["detected"] + (["avx2"] if hb._KERNELS.simd() == 2 else [])
+    try:
+        for path in paths:
+            hb._KERNELS.force_avx2(path == "avx2")
+            for m in range(1, len(x) + 1):
+                np.testing.assert_array_equal(product(x[:m]), want[:m], err_msg=f"{path}, {m} rows")
+    finally:
+        hb._KERNELS.force_portable(0)
 
 
 @pytest.mark.parametrize("fmt", ["int8", ROWS])
