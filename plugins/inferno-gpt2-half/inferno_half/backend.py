@@ -306,11 +306,18 @@ def quantize_blocks(x: np.ndarray, by_row: bool = False) -> np.ndarray:
     return out.reshape(m, kp)[:, :k]
 
 
+def _long_prompt_in_c(d: int) -> bool:
+    """Whether a long prompt's attention (heads of size d) runs in C: on the AVX-512 path in tiles of
+    queries (d a multiple of 16), on AVX2 a query at a time (d a multiple of 8), still faster than NumPy's
+    batched matmuls on one BLAS thread (docs/benchmarks-half.md, "On AMD EPYC Zen 3"); portable C is not."""
+    simd = _KERNELS.simd()
+    return (simd == 2 and d % 16 == 0) or (simd == 1 and d % 8 == 0)
+
+
 def _in_c(q: np.ndarray) -> bool:
     """Whether the attention of queries q [B, H, T, D] runs in C: a few queries a sequence always (one at a
-    time), a long prompt on the AVX-512 path in tiles of queries (D a multiple of 16); else NumPy's batched
-    matmuls (BLAS) do it faster."""
-    return _KERNELS is not None and (q.shape[2] <= SMALL_M or (_KERNELS.simd() == 2 and q.shape[3] % 16 == 0))
+    time), a long prompt where `_long_prompt_in_c`; else NumPy's batched matmuls (BLAS)."""
+    return _KERNELS is not None and (q.shape[2] <= SMALL_M or _long_prompt_in_c(q.shape[3]))
 
 
 class HalfBackend(NumpyBackend):
@@ -488,8 +495,8 @@ class HalfBackend(NumpyBackend):
     def self_attention(self, x, w_attn, b_attn, w_proj, b_proj, kv, offset, n_head):
         b, t, c = x.shape
         code = self._code | (FMT_ATT16 if self.attention_bf16 else 0)
-        if (_KERNELS is not None and (b * t <= SMALL_M or _KERNELS.simd() == 2) and type(w_attn) is Weight16
-                and type(w_proj) is Weight16):
+        if (_KERNELS is not None and (b * t <= SMALL_M or _long_prompt_in_c(c // n_head))
+                and type(w_attn) is Weight16 and type(w_proj) is Weight16):
             # Decode: one C call runs the fused projection, writes the new keys and values into the cache,
             # attends (reading the heads where the projection left them: no split, copy or merge), and
             # runs c_proj. It declines (False) caches that are not this backend's own [B, H, L, D] float32

@@ -165,15 +165,16 @@ def test_gqa_attention_is_one_c_call_over_the_groups(simd, no_defaults, monkeypa
     (14, 2, 64, 37),    # Qwen2.5-0.5B's, after a cached prefix
     (6, 6, 16, 5),      # ratio 1
     (8, 1, 32, 0),      # ratio 8
-    (6, 2, 24, 3),      # a head size that is not a multiple of 16: no tiles
+    (6, 2, 24, 3),      # a head size that is not a multiple of 16: no tiles (AVX2: in C)
+    (6, 2, 12, 3),      # nor of 8: NumPy's on every path
 ])
 def test_gqa_attention_of_a_long_prompt(simd, monkeypatch, h, kv, d, offset):
-    # Beyond SMALL_M queries: in tiles of queries in C on the AVX-512 path (head sizes a multiple of 16),
-    # else NumPy's own gqa_attention (one batched matmul over the groups, BLAS), never the base class's
-    # attention per group member.
+    # Beyond SMALL_M queries: in C on the AVX-512 path in tiles of queries (head sizes a multiple of 16)
+    # and on AVX2 a query at a time (multiples of 8), else NumPy's own gqa_attention (one batched matmul
+    # over the groups, BLAS), never the base class's attention per group member.
     monkeypatch.setattr(Backend, "gqa_attention", lambda *a: (_ for _ in ()).throw(AssertionError("default")))
-    tiles = simd == "avx512" and d % 16 == 0
-    if tiles:  # NumPy's must not run: the C kernel does it all
+    in_c = (simd == "avx512" and d % 16 == 0) or (simd == "avx2" and d % 8 == 0)
+    if in_c:  # NumPy's must not run: the C kernel does it all
         monkeypatch.setattr(NumpyBackend, "gqa_attention",
                             lambda *a: (_ for _ in ()).throw(AssertionError("numpy's")))
     counting = _Counting(hb._KERNELS)
@@ -187,7 +188,7 @@ def test_gqa_attention_of_a_long_prompt(simd, monkeypatch, h, kv, d, offset):
     v[:, :, s:] = np.nan
     got = HalfBackend(threads=2).gqa_attention(q, k, v, offset)
     close(got, ref.gqa_attention(q, k[:, :, :s], v[:, :, :s], offset), rtol=2e-5)
-    assert [c for c in counting.calls if c != "simd"] == (["attention"] if tiles else [])
+    assert [c for c in counting.calls if c != "simd"] == (["attention"] if in_c else [])
 
 
 @pytest.mark.parametrize("fmt", ["float16", "bfloat16", "int8", "q4"])
