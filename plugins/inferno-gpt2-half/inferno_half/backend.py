@@ -308,8 +308,9 @@ def quantize_blocks(x: np.ndarray, by_row: bool = False) -> np.ndarray:
 
 def _long_prompt_in_c(d: int) -> bool:
     """Whether a long prompt's attention (heads of size d) runs in C: on the AVX-512 path in tiles of
-    queries (d a multiple of 16), on AVX2 a query at a time (d a multiple of 8), still faster than NumPy's
-    batched matmuls on one BLAS thread (docs/benchmarks-half.md, "On AMD EPYC Zen 3"); portable C is not."""
+    queries (d a multiple of 16), and on AVX2 a query at a time (d a multiple of 8), which still beats
+    NumPy's batched matmuls on one BLAS thread there (docs/benchmarks-half.md, "On AMD EPYC Zen 3");
+    portable C does not."""
     simd = _KERNELS.simd()
     return (simd == 2 and d % 16 == 0) or (simd == 1 and d % 8 == 0)
 
