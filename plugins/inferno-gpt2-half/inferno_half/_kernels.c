@@ -2003,12 +2003,62 @@ X512 static void attend_tile512(const float *qp, const float *kt, int64_t lk, co
         }
     }
 }
+
+/* attend_tile512 in AVX2 (d: a multiple of 8): the scores by 8 keys at a time, P @ V by 8 columns of d
+   (QT accumulators and two operands fill AVX2's 16 registers). */
+X86 static void attend_tile256(const float *qp, const float *kt, int64_t lk, const float *v, int64_t d,
+                               int64_t first, int mr, float scale, float *s, float *pt, float *out,
+                               int64_t o_stride) {
+    int64_t keys = first + mr - 1;
+    __m256 vscale = _mm256_set1_ps(scale);
+    for (int64_t j0 = 0; j0 < keys; j0 += 8) {
+        __m256 acc[QT];
+#pragma GCC unroll 12
+        for (int r = 0; r < QT; r++) acc[r] = _mm256_setzero_ps();
+        for (int64_t c = 0; c < d; c++) {
+            __m256 kv = _mm256_loadu_ps(kt + c * lk + j0);
+#pragma GCC unroll 12
+            for (int r = 0; r < QT; r++) acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(qp[c * QT + r]), kv, acc[r]);
+        }
+        for (int r = 0; r < mr; r++) _mm256_storeu_ps(s + r * lk + j0, _mm256_mul_ps(acc[r], vscale));
+    }
+    float inv[QT];
+    for (int r = 0; r < QT; r++) {
+        inv[r] = 0.0f;
+        int64_t n = r < mr ? first + r : 0;
+        float *sr = s + r * lk;
+        __m256 vm = _mm256_set1_ps(-INFINITY);
+        int64_t j = 0;
+        for (; j + 8 <= n; j += 8) vm = _mm256_max_ps(vm, _mm256_loadu_ps(sr + j));
+        float lanes[8], m = -INFINITY;
+        _mm256_storeu_ps(lanes, vm);
+        for (int i = 0; i < 8; i++) m = lanes[i] > m ? lanes[i] : m;
+        for (; j < n; j++) m = sr[j] > m ? sr[j] : m;
+        float sum = exp_sum8(sr, n, m);
+        for (j = 0; j < n; j++) pt[j * QT + r] = sr[j];
+        for (; j < keys; j++) pt[j * QT + r] = 0.0f;
+        if (n) inv[r] = 1.0f / sum;
+    }
+    for (int64_t c0 = 0; c0 < d; c0 += 8) {
+        __m256 acc[QT];
+#pragma GCC unroll 12
+        for (int r = 0; r < QT; r++) acc[r] = _mm256_setzero_ps();
+        for (int64_t j = 0; j < keys; j++) {
+            __m256 v0 = _mm256_loadu_ps(v + j * d + c0);
+#pragma GCC unroll 12
+            for (int r = 0; r < QT; r++) acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(pt[j * QT + r]), v0, acc[r]);
+        }
+        for (int r = 0; r < mr; r++)
+            _mm256_storeu_ps(out + r * o_stride + c0, _mm256_mul_ps(acc[r], _mm256_set1_ps(inv[r])));
+    }
+}
 #endif
 
-/* Causal attention of a long prompt (AVX-512, d a multiple of 16): as attend_all's arguments, in tiles of
-   QT queries of one head, each tile a few register-blocked products instead of QT dot-product loops.
-   Returns 0, or -1 out of memory (then nothing is computed). */
-static int attend_blocked(int64_t b, int64_t h, int64_t hkv, int64_t t, int64_t d, const float *q, int64_t q_s,
+/* Causal attention of a long prompt (AVX-512 with d a multiple of 16, or AVX2 with d a multiple of 8:
+   `simd`): as attend_all's arguments, in tiles of QT queries of one head, each tile a few
+   register-blocked products instead of QT dot-product loops. Returns 0, or -1 out of memory (then
+   nothing is computed). */
+static int attend_blocked(int simd, int64_t b, int64_t h, int64_t hkv, int64_t t, int64_t d, const float *q, int64_t q_s,
                           int64_t q_h, int64_t q_t, const float *k, const float *v, int64_t l, int64_t offset,
                           float *out, int64_t o_s, int64_t o_h, int64_t o_t, int threads) {
 #if HAVE_X86
@@ -2048,15 +2098,19 @@ static int attend_blocked(int64_t b, int64_t h, int64_t hkv, int64_t t, int64_t 
             for (int64_t c = 0; c < d; c++)
                 for (int r = 0; r < QT; r++)
                     qp[c * QT + r] = r < mr ? q[seq * q_s + head * q_h + (i0 + r) * q_t + c] : 0.0f;
-            attend_tile512(qp, kt + kv * d * lk, lk, v + kv * l * d, d, offset + i0 + 1, mr, scale, s, pt,
-                           out + seq * o_s + head * o_h + i0 * o_t, o_t);
+            if (simd == PATH_AVX512)
+                attend_tile512(qp, kt + kv * d * lk, lk, v + kv * l * d, d, offset + i0 + 1, mr, scale, s, pt,
+                               out + seq * o_s + head * o_h + i0 * o_t, o_t);
+            else
+                attend_tile256(qp, kt + kv * d * lk, lk, v + kv * l * d, d, offset + i0 + 1, mr, scale, s, pt,
+                               out + seq * o_s + head * o_h + i0 * o_t, o_t);
         }
         free(scratch);
     }
     free(kt);
     return failed ? -1 : 0;
 #else
-    (void)b; (void)h; (void)hkv; (void)t; (void)d; (void)q; (void)q_s; (void)q_h; (void)q_t; (void)k; (void)v;
+    (void)simd; (void)b; (void)h; (void)hkv; (void)t; (void)d; (void)q; (void)q_s; (void)q_h; (void)q_t; (void)k; (void)v;
     (void)l;
     (void)offset; (void)out; (void)o_s; (void)o_h; (void)o_t; (void)threads;
     return -1;
@@ -2630,7 +2684,7 @@ X512B static int attend_bf16(int64_t b, int64_t h, int64_t hkv, int64_t t, int64
 }
 #endif
 
-/* Prompts of more queries than this attend in tiles (attend_blocked) on the AVX-512 path. */
+/* Prompts of more queries than this attend in tiles (attend_blocked) on the AVX-512 and AVX2 paths. */
 #define BLOCKED_QUERIES 64
 
 /* What a cache write returns when a finite key or value is beyond float16's range (kv=float16). */
@@ -2703,12 +2757,14 @@ static float *widen_kv(const void *k, const void *v, int64_t heads, int64_t l, i
 }
 
 /* Causal attention, as attend_all's arguments, on the fastest path: a prompt of more than
-   BLOCKED_QUERIES queries in tiles on AVX-512 (with att16 in bfloat16, where the CPU can: attend_bf16),
-   else a query at a time (attend_all). The tiled paths read float16 caches widened. */
+   BLOCKED_QUERIES queries in tiles on AVX-512 (with att16 in bfloat16, where the CPU can: attend_bf16) or
+   AVX2 (d a multiple of 8), else a query at a time (attend_all). The tiled paths read float16 caches
+   widened. */
 static void attend_any(int64_t b, int64_t h, int64_t hkv, int64_t t, int64_t d, const float *q, int64_t q_s,
                        int64_t q_h, int64_t q_t, const void *k, const void *v, int64_t l, int64_t offset,
                        float *out, int64_t o_s, int64_t o_h, int64_t o_t, int threads, int att16, int h16) {
-    int tiled = t > BLOCKED_QUERIES && simd_path() == PATH_AVX512 && (d % 16 == 0 || att16), done = 0;
+    int simd = simd_path(), wide512 = simd == PATH_AVX512 && (d % 16 == 0 || att16);
+    int tiled = t > BLOCKED_QUERIES && (wide512 || (simd == PATH_AVX2 && d % 8 == 0)), done = 0;
     const float *kf = k, *vf = v;
     int64_t lf = l;
     float *wide = NULL;
@@ -2720,13 +2776,14 @@ static void attend_any(int64_t b, int64_t h, int64_t hkv, int64_t t, int64_t d, 
         lf = offset + t;
     }
 #if HAVE_BF16
-    done = att16 && tiled
+    done = att16 && tiled && simd == PATH_AVX512  /* (its code is AVX-512's: never called on AVX2) */
            && !attend_bf16(b, h, hkv, t, d, q, q_s, q_h, q_t, kf, vf, lf, offset, out, o_s, o_h, o_t, threads);
 #else
     (void)att16;
 #endif
-    if (!done && tiled && d % 16 == 0)
-        done = !attend_blocked(b, h, hkv, t, d, q, q_s, q_h, q_t, kf, vf, lf, offset, out, o_s, o_h, o_t, threads);
+    if (!done && tiled && d % (simd == PATH_AVX512 ? 16 : 8) == 0)
+        done = !attend_blocked(simd, b, h, hkv, t, d, q, q_s, q_h, q_t, kf, vf, lf, offset, out, o_s, o_h, o_t,
+                               threads);
     if (!done) attend_all(b, h, hkv, t, d, q, q_s, q_h, q_t, k, v, l, offset, out, o_s, o_h, o_t, threads, h16);
     free(wide);
 }
