@@ -220,6 +220,19 @@ X86 static inline float hsum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+/* The largest of v's 8 lanes (the same whatever the order: max is exact). */
+X86 static inline float hmax(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
+/* The lanes below `left` (clamped to 0..8): the mask for masked loads and stores at a row's end. */
+X86 static inline __m256i keep8(int64_t left) {
+    int n = left < 0 ? 0 : left > 8 ? 8 : (int)left;
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
 /* e^x, 8 at a time: Cephes' expf (range reduction by ln 2, a degree-6 polynomial; within 2 ulp of expf)
    for x in [-87, 88]; x is clamped to that range, where e^x stays a normal float32. */
 X86 static inline __m256 exp8(__m256 x) {
@@ -461,10 +474,9 @@ X86 static void widen32_x86(const uint16_t *src, float *out, int fmt) {
    straddle two panels (whose scales lie apart); masked loads and stores at the end of a row. */
 X86 static void finish_i8_x86(const uint16_t *w, int64_t k, float *y, int64_t rows, int64_t n, int64_t j0,
                               int64_t j1, const float *b, int act, int scaled) {
-    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     for (int64_t r = 0; r < rows; r++)
         for (int64_t j = j0; j < j1; j += 8) {
-            __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)min64(8, j1 - j)), lane);
+            __m256i keep = keep8(j1 - j);
             __m256 s = scaled ? _mm256_loadu_ps(scales_of(w, j / PANEL, k) + j % PANEL) : _mm256_set1_ps(1.0f);
             __m256 bv = b ? _mm256_maskload_ps(b + j, keep) : _mm256_setzero_ps();
             float *yr = y + r * n + j;
@@ -695,8 +707,7 @@ X512 static void quantize_row512(const float *x, int64_t k, int8_t *q, float *d,
 /* x [i .. i + 8), lanes from `end` on zero (masked: no read past the row). */
 X86 static INLINE __m256 load8_upto(const float *x, int64_t i, int64_t end) {
     if (end - i >= 8) return _mm256_loadu_ps(x + i);
-    int left = end > i ? (int)(end - i) : 0;
-    return _mm256_maskload_ps(x + i, _mm256_cmpgt_epi32(_mm256_set1_epi32(left), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+    return _mm256_maskload_ps(x + i, keep8(end - i));
 }
 
 /* quantize_row512 in AVX2, 8 lanes at a time: the same operations, so the same q, d and c. */
@@ -717,9 +728,7 @@ X86 static void quantize_row256(const float *x, int64_t k, int8_t *q, float *d, 
             quantize_row(x + b0, end - b0, q + b0, d + blk, c + blk, bs);  /* one block: NaN d, zero q */
             continue;
         }
-        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
-        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-        float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1)));
+        float amax = hmax(vmax);
         float dd = amax / 127.0f, id = dd > 0.0f ? 1.0f / dd : 0.0f;
         __m256 vid = _mm256_set1_ps(id);
         __m256i sum = _mm256_setzero_si256();
@@ -2030,9 +2039,7 @@ X86 static void attend_tile256(const float *qp, const float *kt, int64_t lk, con
         __m256 vm = _mm256_set1_ps(-INFINITY);
         int64_t j = 0;
         for (; j + 8 <= n; j += 8) vm = _mm256_max_ps(vm, _mm256_loadu_ps(sr + j));
-        float lanes[8], m = -INFINITY;
-        _mm256_storeu_ps(lanes, vm);
-        for (int i = 0; i < 8; i++) m = lanes[i] > m ? lanes[i] : m;
+        float m = hmax(vm);
         for (; j < n; j++) m = sr[j] > m ? sr[j] : m;
         float sum = exp_sum8(sr, n, m);
         for (j = 0; j < n; j++) pt[j * QT + r] = sr[j];

@@ -22,6 +22,9 @@
 #ifndef Q4_AVX2_ROWS
 #define Q4_AVX2_ROWS 4 /* the most rows of an AVX2 tile (q4tile256): the nibbles unpacked once for them all */
 #endif
+#if Q4_AVX2_ROWS < 1 || Q4_AVX2_ROWS > 4
+#error "Q4_AVX2_ROWS must be 1 to 4: q4tile256 keeps each row's sums in registers (Q4TILES256 has tiles of 1 to 4)"
+#endif
 
 /* Q4_BLOCK (576 bytes: 512 of nibbles, 64 of scales) is defined with panel_elems, in _kernels.c. */
 
