@@ -303,15 +303,32 @@ X86 static INLINE void tile256(const float *x, int64_t k, const uint16_t *w, int
     for (int64_t i = 0; i < k; i++) {
         int64_t e = i * PANEL;
 #pragma GCC unroll 2
-        for (int gg = 0; gg < g; gg++) {
-            _mm_prefetch(AT(w, e + gg * gs, fmt) + 2 * PREFETCH, _MM_HINT_T0);
+        for (int gg = 0; gg < g; gg++) _mm_prefetch(AT(w, e + gg * gs, fmt) + 2 * PREFETCH, _MM_HINT_T0);
+        if (mr == 1) {  /* each weight vector loaded where it is used: one live at a time */
+#pragma GCC unroll 2
+            for (int gg = 0; gg < g; gg++)
 #pragma GCC unroll 4
-            for (int h = 0; h < nh; h++) {
-                __m256 wv = load8(w, e + gg * gs + (h0 + h) * 8, fmt);
+                for (int h = 0; h < nh; h++)
+                    acc[0][gg][h] = _mm256_fmadd_ps(load8(w, e + gg * gs + (h0 + h) * 8, fmt),
+                                                    _mm256_set1_ps(x[i]), acc[0][gg][h]);
+            continue;
+        }
+        /* Several rows: the weight vectors loaded once, then a row at a time, its input broadcast once
+           for all its accumulators. (Weight vector by weight vector, the mr broadcasts stayed live
+           beside a 6-row tile's 12 accumulators and spilled three of them to the stack: half the
+           speed.) */
+        __m256 wv[2][4];
+#pragma GCC unroll 2
+        for (int gg = 0; gg < g; gg++)
+#pragma GCC unroll 4
+            for (int h = 0; h < nh; h++) wv[gg][h] = load8(w, e + gg * gs + (h0 + h) * 8, fmt);
 #pragma GCC unroll 6
-                for (int r = 0; r < mr; r++)
-                    acc[r][gg][h] = _mm256_fmadd_ps(wv, _mm256_set1_ps(x[i * mr + r]), acc[r][gg][h]);
-            }
+        for (int r = 0; r < mr; r++) {
+            __m256 xr = _mm256_set1_ps(x[i * mr + r]);
+#pragma GCC unroll 2
+            for (int gg = 0; gg < g; gg++)
+#pragma GCC unroll 4
+                for (int h = 0; h < nh; h++) acc[r][gg][h] = _mm256_fmadd_ps(wv[gg][h], xr, acc[r][gg][h]);
         }
     }
     for (int r = 0; r < mr; r++)
