@@ -859,7 +859,10 @@ X86 static INLINE void q8tile256(const int32_t *xg, const float *dd, int64_t kb,
         for (int r = 0; r < mr; r++)
 #pragma GCC unroll 4
             for (int v = 0; v < nv; v++) ia[r][v] = _mm256_setzero_si256();
+        /* (a group at a time: unrolled, GCC regrouped the exact integer sums of all 8 groups and spilled
+           the partial sums to the stack) */
         for (int64_t sb = 0; sb < sub; sb++)
+#pragma GCC unroll 1
         for (int g = 0; g < QB / 4; g++) {
             int64_t gi = (blk * sub + sb) * (QB / 4) + g;
 #pragma GCC unroll 4

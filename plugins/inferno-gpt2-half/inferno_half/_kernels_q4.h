@@ -159,6 +159,9 @@ X86 static void q4row256(const int32_t *xg, const float *dd, const int32_t *cc, 
     for (int v = 0; v < 4; v++) fa[v] = _mm256_setzero_ps();
     for (int64_t blk = 0; blk < kb; blk++) {
         for (int v = 0; v < 4; v++) ia[v] = _mm256_setzero_si256();  /* int16 pair sums until the block ends */
+        /* (a group at a time: unrolled, GCC regrouped the exact integer sums of all 8 groups and spilled
+           the partial sums to the stack) */
+#pragma GCC unroll 1
         for (int g = 0; g < QB / 4; g++) {
             const uint8_t *src = w + blk * Q4_BLOCK + g * 64;
             __m256i r0 = _mm256_loadu_si256((const __m256i *)src), r1 = _mm256_loadu_si256((const __m256i *)(src + 32));
@@ -200,7 +203,9 @@ X86 static INLINE void q4tile256(const int32_t *xg, const float *dd, const int32
     for (int64_t blk = 0; blk < kb; blk++) {
 #pragma GCC unroll 4
         for (int r = 0; r < mr; r++) h[r][0] = h[r][1] = _mm256_setzero_si256();
-#pragma GCC unroll 8
+        /* (a group at a time: unrolled, GCC regrouped the exact integer sums of all 8 groups and spilled
+           the partial sums to the stack) */
+#pragma GCC unroll 1
         for (int g = 0; g < QB / 4; g++) {
             __m256i raw = _mm256_loadu_si256((const __m256i *)(w + blk * Q4_BLOCK + g * 64 + hp * 32));
             __m256i w0 = _mm256_and_si256(raw, low), w1 = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
