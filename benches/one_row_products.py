@@ -5,7 +5,7 @@
 
 Random weights of the GPT-2 124M shape's products (seeded): each round calls `_kernels.matmul` on one row
 for every code in turn, `--repeat` times each; the table shows the medians over rounds in µs a call. A code
-is a `dtype`, with `,rows` (inputs=rows) or `,in16` (inputs=bfloat16) for the products' flags. Small
+is a `dtype`, with `,rows` (inputs=rows) or `,in16` (inputs=bfloat16, the weights held in pairs). Small
 products' weights stay in the CPU's cache between calls: this times the kernels, not the memory. With
 `--rows M` each call multiplies M rows (fewer calls a round, as many multiply-adds), and the table adds
 GFLOP/s; `INFERNO_HALF_ISA=avx2` times the AVX2 kernels on a CPU that has more.
@@ -38,11 +38,12 @@ def main(argv: list[str] | None = None) -> int:
     if kernels is None:
         print("the C kernels are not built", file=sys.stderr)
         return 1
-    flags = {"rows": hb.FMT_ROWS, "in16": hb.FMT_IN16}
     codes = {}
     for spec in args.codes:
         dtype, *extra = spec.split(",")
-        codes[spec] = (dtype, hb.FORMATS[dtype] | sum(flags[f] for f in extra))
+        if "in16" in extra:  # inputs=bfloat16: the weights held in pairs
+            dtype = hb.PAIRS
+        codes[spec] = (dtype, hb.FORMATS[dtype] | (hb.FMT_ROWS if "rows" in extra else 0))
     rng = np.random.default_rng(0)
     print(f"`python benches/one_row_products.py {' '.join(argv if argv is not None else sys.argv[1:])}` "
           f"({args.threads} threads, {args.rows} rows a call, {hb.ISA_CAP} kernels; µs a call"

@@ -21,7 +21,8 @@
 
    Two 16-bit weight formats: IEEE float16 (FMT_F16) and bfloat16 (FMT_BF16, the top half of a float32);
    int8 weights (FMT_I8) and 4-bit ones (FMT_Q4) multiply int8-quantized inputs instead, see "int8
-   products" below and "4-bit products" (_kernels_q4.h).
+   products" below and "4-bit products" (_kernels_q4.h); bfloat16 weights in input pairs (FMT_BF16P)
+   multiply inputs rounded to bfloat16, see "bfloat16 inputs".
    Python calls the kernels through the functions at the end of this file, which take NumPy arrays. */
 
 #define PY_SSIZE_T_CLEAN
@@ -39,12 +40,13 @@
 #define FMT_BF16 1
 #define FMT_I8 2   /* int8, one float32 scale per output (see panel_elems and "int8 products") */
 #define FMT_Q4 3   /* 4-bit, a float16 scale per block of 32 inputs (see "4-bit products", _kernels_q4.h) */
+/* bfloat16 weights whose panels hold each output's inputs in pairs ([kpad / 2][32][2]: the operand of
+   VDPBF16PS and of AMX-BF16's tiles, so a product reads them as they lie), for products whose inputs
+   are rounded to bfloat16 too (the backend's inputs=bfloat16; see "bfloat16 inputs"). */
+#define FMT_BF16P 4
 /* A flag on FMT_I8 for the products: the inputs quantized with one scale per row, not per block of QB
    (see "int8 products"). The weights are the same. */
 #define FMT_ROWS 16
-/* A flag on bfloat16's format code: the products' inputs rounded to bfloat16 too (the backend's
-   inputs=bfloat16), multiplied in pairs by VDPBF16PS (see "bfloat16 inputs"). */
-#define FMT_IN16 64
 /* A flag on the format of self_attention: a long prompt's attention on AMX-BF16 tiles where the CPU has
    them (see "attention on AMX-BF16 tiles"). */
 #define FMT_ATT16 32
@@ -133,14 +135,18 @@ static inline int64_t kpad(int64_t k) { return (k + QB - 1) / QB * QB; }
    4 more rows of 32). */
 #define Q4_BLOCK (QB * PANEL / 2 + 2 * PANEL) /* a q4 panel's bytes per block of QB inputs: see _kernels_q4.h */
 static inline int64_t panel_elems(int64_t k, int fmt) {
-    return fmt == FMT_I8 ? (kpad(k) + 4) * PANEL : fmt == FMT_Q4 ? kpad(k) / QB * Q4_BLOCK : k * PANEL;
+    return fmt == FMT_I8 ? (kpad(k) + 4) * PANEL : fmt == FMT_Q4 ? kpad(k) / QB * Q4_BLOCK
+         : fmt == FMT_BF16P ? kpad(k) * PANEL : k * PANEL;
 }
-#define AT(w, e, fmt) ((const char *)(w) + (e) * ((fmt) >= FMT_I8 ? 1 : 2))
+/* Whether a format's elements are bytes (int8, q4) rather than 16-bit values. */
+#define BYTES(fmt) ((fmt) == FMT_I8 || (fmt) == FMT_Q4)
+#define AT(w, e, fmt) ((const char *)(w) + (e) * (BYTES(fmt) ? 1 : 2))
 #define PAN(w, e, fmt) ((const uint16_t *)AT(w, e, fmt))
 
 /* Where input i of output j (0 .. 31) of panel p sits, in elements. */
 static inline int64_t elem_at(int64_t p, int64_t i, int64_t j, int64_t k, int fmt) {
     if (fmt == FMT_I8) return p * panel_elems(k, fmt) + (i >> 2) * 4 * PANEL + j * 4 + (i & 3);
+    if (fmt == FMT_BF16P) return p * panel_elems(k, fmt) + (i >> 1) * 2 * PANEL + j * 2 + (i & 1);
     return p * panel_elems(k, fmt) + i * PANEL + j;
 }
 
@@ -1073,11 +1079,12 @@ XAMX static void q8_panels_amx(const int8_t *q, const float *d, int64_t m, int64
    B tiles 2, 3, sums 4 to 7); the sums are exact, as vpdpbusd's, so y = float(sum) * d is the VNNI
    path's bits (its fmadd(float(sum), d, 0)). kp a multiple of 64 (else the VNNI path runs). */
 /* All eight tiles 16 rows of 64 bytes (the bfloat16 attention's tiles too). */
-static const struct {
+struct amx_config {
     uint8_t palette, start_row, reserved[14];
     uint16_t colsb[16];
     uint8_t rows[16];
-} __attribute__((aligned(64))) AMX_FULL_CONFIG = {1, 0, {0}, {64, 64, 64, 64, 64, 64, 64, 64},
+};
+static const struct amx_config __attribute__((aligned(64))) AMX_FULL_CONFIG = {1, 0, {0}, {64, 64, 64, 64, 64, 64, 64, 64},
                                                    {16, 16, 16, 16, 16, 16, 16, 16}};
 
 X512 static inline __m512 exp16(__m512 x);
@@ -1453,13 +1460,14 @@ static int product_quant(const float *x, int64_t m, int64_t k, const uint16_t *w
    among `threads` threads, one contiguous run each (my_share). Returns 0. */
 static int product_in16(const float *x, int64_t m, int64_t k, const uint16_t *w, int64_t n, const float *b,
                         float *y, int threads, int act);
+static int product_unpaired(const float *x, int64_t m, int64_t k, const uint16_t *w, int64_t n, const float *b,
+                            float *y, int threads, int act);
 
 static int product(const float *x, int64_t m, int64_t k, const uint16_t *w, int64_t n, const float *b, float *y,
                    int fmt, int threads, int act) {
-    if (fmt & FMT_IN16) {
+    if (fmt == FMT_BF16P) {
         int rc = product_in16(x, m, k, w, n, b, y, threads, act);
-        if (rc != 1) return rc;
-        fmt &= ~FMT_IN16;  /* (no AVX512-BF16 path here: float32 inputs) */
+        return rc == 1 ? product_unpaired(x, m, k, w, n, b, y, threads, act) : rc;
     }
     if ((fmt & ~FMT_ROWS) == FMT_I8 || fmt == FMT_Q4) return product_quant(x, m, k, w, n, b, y, threads, act, fmt);
     int64_t count = (n + PANEL - 1) / PANEL, tasks = (count + TASK - 1) / TASK, sizes[MC];
@@ -1523,7 +1531,7 @@ static void unpack_t(const uint16_t *w, int64_t k, int64_t p0, int64_t p1, float
         for (int64_t p = p0; p < p1; p++) {
             float *out = dst + i * cols + (p - p0) * PANEL;
 #if HAVE_X86
-            if (simd && fmt < FMT_I8) { widen32_x86(w + elem_at(p, i, 0, k, fmt), out, fmt); continue; }
+            if (simd && (fmt == FMT_F16 || fmt == FMT_BF16)) { widen32_x86(w + elem_at(p, i, 0, k, fmt), out, fmt); continue; }
 #endif
             if (fmt == FMT_Q4) {
                 for (int j = 0; j < PANEL; j++) out[j] = q4_at(w, p, i, j, k);
@@ -2368,10 +2376,11 @@ static int bf16_attention_path(const char **why) {
    inputs=bfloat16), as PyTorch's bfloat16 computes: VDPBF16PS multiplies 16 lanes of two bfloat16 pairs and
    adds both products to float32 sums, twice float32 FMAs' multiply-adds an instruction. Each output is one
    chain over the input pairs in order, the same for any number of rows, so a row gets the same bits
-   alone or batched. The panels keep their layout ([k][32]): the two weight rows of an input pair are
-   interleaved in registers (unpacklo/hi_epi16, which leave the outputs in an order undone once at the
-   end). Where the CPU lacks AVX512-BF16 (or a lesser path is forced) the products take float32 inputs,
-   as before: bf16_products() says which. */
+   alone or batched. The weights are FMT_BF16P's: paired once at load, in the layout both this
+   instruction and AMX-BF16's tiles take, so no product shuffles them (pairing them each call cost a
+   one-row product on the tiles more than its multiply-adds). Where the CPU lacks AVX512-BF16 (or a
+   lesser path is forced) the products take float32 inputs on the weights unpaired (product_unpaired):
+   bf16_products() says which. */
 
 /* Whether inputs=bfloat16 runs on VDPBF16PS here: "" if so, else why not. */
 static const char *bf16_products_check(void) {
@@ -2385,7 +2394,7 @@ static const char *bf16_products_check(void) {
 
 #if HAVE_BF16
 /* `mr` rows (up to MR_MAX) of one panel: xb [kh][mr] their inputs' bfloat16 pairs (input-major), w the
-   panel [k][32]. The end (bias, gelu) through finish8, as the other paths. */
+   paired panel [kh][32][2]. The end (bias, gelu) through finish8, as the other paths. */
 X512B static INLINE void tile_in16(const uint32_t *xb, int64_t k, const uint16_t *w, const int mr, const float *b,
                                    float *y, int64_t n, int64_t col0, int act) {
     __m512 acc[MR_MAX][2];
@@ -2393,10 +2402,9 @@ X512B static INLINE void tile_in16(const uint32_t *xb, int64_t k, const uint16_t
     for (int r = 0; r < mr; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
     for (int64_t i = 0; i < (k + 1) / 2; i++) {
         _mm_prefetch((const char *)(w + 2 * i * PANEL) + 2 * PREFETCH, _MM_HINT_T0);
-        __m512i w0 = _mm512_loadu_si512((const void *)(w + 2 * i * PANEL));
-        __m512i w1 = 2 * i + 1 < k ? _mm512_loadu_si512((const void *)(w + (2 * i + 1) * PANEL)) : _mm512_setzero_si512();
-        /* 32-bit lane 4L + t: (input 2i, input 2i + 1) of output 8L + t (lo) or 8L + 4 + t (hi) */
-        __m512bh lo = (__m512bh)_mm512_unpacklo_epi16(w0, w1), hi = (__m512bh)_mm512_unpackhi_epi16(w0, w1);
+        /* 32-bit lane t: (input 2i, input 2i + 1) of output t (lo) or 16 + t (hi) */
+        __m512bh lo = (__m512bh)_mm512_loadu_si512((const void *)(w + 2 * i * PANEL));
+        __m512bh hi = (__m512bh)_mm512_loadu_si512((const void *)(w + 2 * i * PANEL + PANEL));
 #pragma GCC unroll 12
         for (int r = 0; r < mr; r++) {
             __m512bh xv = (__m512bh)_mm512_set1_epi32((int)xb[i * mr + r]);
@@ -2404,11 +2412,8 @@ X512B static INLINE void tile_in16(const uint32_t *xb, int64_t k, const uint16_t
             acc[r][1] = _mm512_dpbf16_ps(acc[r][1], hi, xv);
         }
     }
-    const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
-    const __m512i second = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
     for (int r = 0; r < mr; r++) {
-        __m512 o0 = _mm512_permutex2var_ps(acc[r][0], first, acc[r][1]);
-        __m512 o1 = _mm512_permutex2var_ps(acc[r][0], second, acc[r][1]);
+        __m512 o0 = acc[r][0], o1 = acc[r][1];
         finish8(_mm512_castps512_ps256(o0), b, y + r * n, col0, n, act);
         finish8(_mm512_extractf32x8_ps(o0, 1), b, y + r * n, col0 + 8, n, act);
         finish8(_mm512_castps512_ps256(o1), b, y + r * n, col0 + 16, n, act);
@@ -2448,27 +2453,14 @@ X512B static void pack_pairs(const float *x, int64_t mc, int64_t k, const int64_
    gets the same bits alone or batched only if it always takes them. A TDPBF16PS multiplies 16 rows by 32
    inputs (tile A: bfloat16 rows, kp apart) into 16 outputs (tile B: the inputs in pairs,
    [16 pairs][16 outputs][2]); each output's float32 sum runs over all of k in the tiles and is stored once,
-   then the bias and GELU (gelu16: gelu8's bits, as the other paths end). The panels' [k][32] layout is
-   interleaved into pairs ([kp / 2][32][2]) a panel at a time, by each thread into a buffer of its own
-   (tile_in16's shuffles), and every tile of rows takes that panel before the next. */
+   then the bias and GELU (gelu16: gelu8's bits, as the other paths end). FMT_BF16P's panels
+   ([kpad / 2][32][2]) are tile B's layout as they lie: a panel is two B tiles a step of 32 inputs, and
+   every tile of rows takes a panel before the next. */
 #if HAVE_AMX
 /* Whether inputs=bfloat16 runs on AMX-BF16 tiles here: "" if so, else why not. */
 static const char *amx_in16_check(void) {
     if (simd_path() != PATH_AVX512) return "a lesser path than AVX-512 runs";
     return amx_bf16_check();
-}
-
-/* Panel w [k][32] → wp [kp / 2][32][2], zeros past k. */
-X512 static void pair_panel(const uint16_t *w, int64_t k, int64_t kp, uint16_t *wp) {
-    const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
-    const __m512i second = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
-    for (int64_t i = 0; i < kp / 2; i++) {
-        __m512i w0 = 2 * i < k ? _mm512_loadu_si512((const void *)(w + 2 * i * PANEL)) : _mm512_setzero_si512();
-        __m512i w1 = 2 * i + 1 < k ? _mm512_loadu_si512((const void *)(w + (2 * i + 1) * PANEL)) : _mm512_setzero_si512();
-        __m512i lo = _mm512_unpacklo_epi16(w0, w1), hi = _mm512_unpackhi_epi16(w0, w1);
-        _mm512_storeu_si512((void *)(wp + i * 2 * PANEL), _mm512_permutex2var_epi32(lo, first, hi));
-        _mm512_storeu_si512((void *)(wp + i * 2 * PANEL + PANEL), _mm512_permutex2var_epi32(lo, second, hi));
-    }
 }
 
 /* Rows x [m, k] → xb [mp][kp] bfloat16 (nearest even), zeros past k and in the rows from m up to mp. */
@@ -2539,34 +2531,25 @@ XAMXB static void in16_panel_amx(const uint16_t *xb, int64_t m, int64_t mp, int6
 }
 
 /* product_in16 on AMX-BF16: every row rounded to bfloat16 once, then the panels split among the threads in
-   tasks of TASK, each panel paired into the thread's buffer and taken by all the rows. Returns 0 or -1 (out
-   of memory). */
+   tasks of TASK, each panel taken by all the rows. Returns 0 or -1 (out of memory). */
 XAMXB static int product_in16_amx(const float *x, int64_t m, int64_t k, const uint16_t *w, int64_t n,
                                   const float *b, float *y, int threads, int act) {
     int64_t count = (n + PANEL - 1) / PANEL, tasks = (count + TASK - 1) / TASK;
-    int64_t kp = (k + 31) / 32 * 32, mp = (m + 15) / 16 * 16, workers = threads > 1 ? threads : 1;
+    int64_t kp = kpad(k), mp = (m + 15) / 16 * 16, workers = threads > 1 ? threads : 1;
     if (m < 1) return 0;
     uint16_t *xb = aligned_alloc(64, (size_t)(mp * kp * 2));
-    uint16_t *wbuf = aligned_alloc(64, (size_t)(workers * kp * PANEL * 2));
-    if (!xb || !wbuf) { free(xb); free(wbuf); return -1; }
+    if (!xb) return -1;
     rows_to_bf16(x, m, k, mp, kp, xb);
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) num_threads((int)workers) if (workers > 1 && tasks > 1)
 #endif
     for (int64_t t = 0; t < tasks; t++) {
-#ifdef _OPENMP
-        uint16_t *wp = wbuf + omp_get_thread_num() * kp * PANEL;
-#else
-        uint16_t *wp = wbuf;
-#endif
         _tile_loadconfig(&AMX_FULL_CONFIG);
-        for (int64_t p = t * TASK; p < min64(count, (t + 1) * TASK); p++) {
-            pair_panel(w + p * k * PANEL, k, kp, wp);
-            in16_panel_amx(xb, m, mp, kp, wp, b, y, n, p * PANEL, act);
-        }
+        for (int64_t p = t * TASK; p < min64(count, (t + 1) * TASK); p++)
+            in16_panel_amx(xb, m, mp, kp, w + p * kp * PANEL, b, y, n, p * PANEL, act);
         _tile_release();
     }
-    free(xb); free(wbuf);
+    free(xb);
     return 0;
 }
 #endif
@@ -2598,7 +2581,8 @@ static int product_in16(const float *x, int64_t m, int64_t k, const uint16_t *w,
 #endif
     if (path == 0) return 1;
 #if HAVE_BF16
-    int64_t count = (n + PANEL - 1) / PANEL, tasks = (count + TASK - 1) / TASK, kh = (k + 1) / 2, gs = k * PANEL;
+    int64_t count = (n + PANEL - 1) / PANEL, tasks = (count + TASK - 1) / TASK, kh = (k + 1) / 2;
+    int64_t gs = panel_elems(k, FMT_BF16P);
     uint32_t *xb = malloc(sizeof(uint32_t) * (size_t)(min64(m, MC) * kh));
     if (!xb) return -1;
     (void)threads;
@@ -2622,6 +2606,23 @@ static int product_in16(const float *x, int64_t m, int64_t k, const uint16_t *w,
     (void)x; (void)m; (void)k; (void)w; (void)n; (void)b; (void)y; (void)threads; (void)act;
     return 1;
 #endif
+}
+
+/* product() of FMT_BF16P weights where neither bfloat16 path runs (a lesser path forced after they were
+   paired): float32 inputs, as FMT_BF16 would compute, on a copy of the weights unpaired. Returns 0 or -1
+   (out of memory). */
+static int product_unpaired(const float *x, int64_t m, int64_t k, const uint16_t *w, int64_t n, const float *b,
+                            float *y, int threads, int act) {
+    int64_t count = (n + PANEL - 1) / PANEL;
+    uint16_t *plain = malloc(sizeof(uint16_t) * (size_t)(count * k * PANEL));
+    if (!plain) return -1;
+    for (int64_t p = 0; p < count; p++)
+        for (int64_t i = 0; i < k; i++)
+            for (int j = 0; j < PANEL; j++)
+                plain[elem_at(p, i, j, k, FMT_BF16)] = w[elem_at(p, i, j, k, FMT_BF16P)];
+    int rc = product(x, m, k, plain, n, b, y, FMT_BF16, threads, act);
+    free(plain);
+    return rc;
 }
 
 /* attend_blocked's attention in bfloat16, in tiles of 16 queries, on the best bfloat16 path. Returns 0,
@@ -3150,8 +3151,8 @@ static Py_buffer *take(Held *h, PyObject *o, char code, int ndim, int writable) 
 /* 16-bit weights of n outputs over k inputs in panels (see the top of the file): a uint16 array
    [ceil(n / PANEL), k, PANEL]. NULL if it is not that. */
 static Py_buffer *take_weight(Held *h, PyObject *o, int64_t n, int64_t k, int64_t fmt) {
-    fmt &= ~(int64_t)(FMT_ROWS | FMT_IN16);  /* (flags on the products, not the weights) */
-    Py_buffer *v = take(h, o, fmt >= FMT_I8 ? 'b' : 'H', 3, 0);
+    fmt &= ~(int64_t)FMT_ROWS;  /* (a flag on the products, not the weights) */
+    Py_buffer *v = take(h, o, BYTES(fmt) ? 'b' : 'H', 3, 0);
     if (!v || n < 1 || k < 1 || v->shape[0] != (n + PANEL - 1) / PANEL || v->shape[2] != PANEL
         || v->shape[1] != panel_elems(k, (int)fmt) / PANEL)
         return NULL;
@@ -3179,7 +3180,7 @@ static int same_shape(const Py_buffer *a, const Py_buffer *b) {
 /* A weight format code this file knows. */
 static int known_format(int64_t fmt) {
     return fmt == FMT_F16 || fmt == FMT_BF16 || fmt == FMT_I8 || fmt == FMT_Q4 || fmt == (FMT_I8 | FMT_ROWS)
-           || fmt == (FMT_BF16 | FMT_IN16);
+           || fmt == FMT_BF16P;
 }
 
 static int as_int64(PyObject *o, int64_t *out) {
@@ -3233,7 +3234,7 @@ static PyObject *py_unpack(PyObject *self, PyObject *const *a, Py_ssize_t na) {
     if (!check_nargs(na, 8, "unpack") || !as_int64(a[1], &n) || !as_int64(a[2], &j0) || !as_int64(a[3], &j1)
         || !as_int64(a[4], &k) || !as_int64(a[6], &fmt) || !as_int64(a[7], &threads))
         return NULL;
-    fmt &= ~(int64_t)(FMT_ROWS | FMT_IN16);  /* (flags on the products, not the weights) */
+    fmt &= ~(int64_t)FMT_ROWS;  /* (a flag on the products, not the weights) */
     Py_buffer *w = take_weight(&h, a[0], n, k, fmt);
     Py_buffer *out = take(&h, a[5], 'f', 2, 1);
     if (!w || !out || !known_format(fmt) || j0 < 0 || j1 > n || j1 < j0 || out->shape[0] != j1 - j0
@@ -3257,7 +3258,7 @@ static PyObject *py_unpack_t(PyObject *self, PyObject *const *a, Py_ssize_t na) 
     if (!check_nargs(na, 8, "unpack_t") || !as_int64(a[1], &n) || !as_int64(a[2], &p0) || !as_int64(a[3], &p1)
         || !as_int64(a[4], &k) || !as_int64(a[6], &fmt) || !as_int64(a[7], &threads))
         return NULL;
-    fmt &= ~(int64_t)(FMT_ROWS | FMT_IN16);  /* (flags on the products, not the weights) */
+    fmt &= ~(int64_t)FMT_ROWS;  /* (a flag on the products, not the weights) */
     Py_buffer *w = take_weight(&h, a[0], n, k, fmt);
     Py_buffer *out = take(&h, a[5], 'f', 2, 1);
     if (!w || !out || !known_format(fmt) || p0 < 0 || p1 > w->shape[0] || p1 <= p0 || out->shape[0] != k
@@ -3793,7 +3794,7 @@ static PyObject *py_amx_rows(PyObject *self, PyObject *arg) {
 
 static PyObject *py_amx_support(PyObject *self, PyObject *unused) {
     (void)self; (void)unused;
-    return PyUnicode_FromString(amx_support());
+    return PyUnicode_FromString(simd_path() == PATH_AVX512 ? amx_support() : "a lesser path is forced");
 }
 
 static PyObject *py_amx_bf16_support(PyObject *self, PyObject *unused) {
@@ -3870,7 +3871,7 @@ static PyMethodDef functions[] = {
      "amx_rows(rows) -> rows: int8 products of at least `rows` rows run on AMX tiles where the CPU and OS "
      "allow (0: never, nor any other tiles; negative: the default)."},
     {"amx_support", py_amx_support, METH_NOARGS,
-     "amx_support() -> '' where AMX int8 tiles can run, else why not (the CPU, the OS or the kernel)."},
+     "amx_support() -> '' where AMX int8 tiles can run, else why not (the CPU, the OS, the kernel, or a lesser path forced)."},
     {"amx_bf16_support", py_amx_bf16_support, METH_NOARGS,
      "amx_bf16_support() -> '' where attention(..., bf16=True) runs on AMX-BF16 tiles, else why not."},
     {"bf16_products", py_bf16_products, METH_NOARGS,

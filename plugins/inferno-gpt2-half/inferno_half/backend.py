@@ -75,7 +75,13 @@ EMBEDDINGS = ("wte.weight", "lm_head.weight", "model.embed_tokens.weight")
 MATRICES = LINEAR + EMBEDDINGS
 #: The formats, by option value: the kernel's format code. int8: symmetric, one float32 scale per output
 #: (row of the [out, in] matrix), max |w| / 127; see `quantize`. q4: see `inferno_half.q4`.
-FORMATS = {"float16": 0, "bfloat16": 1, "int8": 2, "q4": 3}
+DTYPES = {"float16": 0, "bfloat16": 1, "int8": 2, "q4": 3}
+#: bfloat16 weights for inputs=bfloat16 (`INPUTS_BF16`): each output's inputs in pairs
+#: ([in/2][32][2] a panel), the operand of VDPBF16PS and of AMX-BF16's tiles, so that no product
+#: shuffles them (`_kernels.c`'s FMT_BF16P).
+PAIRS = "bfloat16-pairs"
+#: Every weight format by name: the kernel's format code.
+FORMATS = {**DTYPES, PAIRS: 4}
 #: q4's embeddings and LM head by default: int8 or q4 (the `head` option), see docs/benchmarks-half.md.
 HEAD_DEFAULT = "q4"
 #: The formats whose products quantize their inputs (in blocks of `QB`, `quantize_blocks`).
@@ -90,8 +96,6 @@ INPUTS = ("blocks", "rows")
 INPUTS_BF16 = "bfloat16"
 #: The flag on int8's format code for inputs=rows (`_kernels.c`'s FMT_ROWS).
 FMT_ROWS = 16
-#: The flag on bfloat16's format code for inputs=bfloat16 (`_kernels.c`'s FMT_IN16).
-FMT_IN16 = 64
 #: How a long prompt attends (the `attention` option): "float32" (the default: every value and sum), or
 #: "bfloat16": on AMX-BF16 tiles, or VDPBF16PS where the CPU has AVX512-BF16 but no AMX (queries, keys,
 #: values and softmax weights rounded to bfloat16, sums float32, as PyTorch's bfloat16 attention), elsewhere
@@ -208,8 +212,7 @@ class Weight16:
             return (_int8_rows(self, flat) * self.scales()[flat][:, None]).reshape(*ids.shape, k)
         if self.fmt == "q4":
             return q4_rows(self.blocks, flat, k).reshape(*ids.shape, k)
-        # Row j's input i sits at blocks[j // PANEL, i, j % PANEL].
-        got = np.ascontiguousarray(self.blocks[flat // PANEL, :k, flat % PANEL])
+        got = _rows16(self, flat)
         return from_bits(got, self.fmt).reshape(*ids.shape, k)
 
     def scales(self) -> np.ndarray:
@@ -230,14 +233,30 @@ def pack(out_in: np.ndarray, fmt: str) -> Weight16:
         return _pack_int8(out_in, count, step)
     if fmt == "q4":
         return Weight16(pack_q4(out_in, kpad(k), step), (n, k), "q4")
-    blocks = np.zeros((count, k, PANEL), dtype=np.uint16)
+    kp = kpad(k) if fmt == PAIRS else k  # (pairs: zeros up to whole tiles of 32 inputs)
+    blocks = np.zeros((count, kp, PANEL), dtype=np.uint16)
     for j0 in range(0, n, step):
         j1 = min(n, j0 + step)
-        part = np.zeros((-(-(j1 - j0) // PANEL) * PANEL, k), dtype=np.uint16)
-        part[: j1 - j0] = to_bits(out_in[j0:j1], fmt)
-        p0 = j0 // PANEL
-        blocks[p0 : p0 + part.shape[0] // PANEL] = part.reshape(-1, PANEL, k).transpose(0, 2, 1)
+        part = np.zeros((-(-(j1 - j0) // PANEL) * PANEL, kp), dtype=np.uint16)
+        part[: j1 - j0, :k] = to_bits(out_in[j0:j1], "bfloat16" if fmt == PAIRS else fmt)
+        p0, panels = j0 // PANEL, part.shape[0] // PANEL
+        if fmt == PAIRS:  # [panels][32][kp] → [panels][kp/2][32][2]
+            paired = part.reshape(panels, PANEL, kp // 2, 2).transpose(0, 2, 1, 3)
+            blocks[p0 : p0 + panels] = paired.reshape(panels, kp, PANEL)
+        else:
+            blocks[p0 : p0 + panels] = part.reshape(panels, PANEL, k).transpose(0, 2, 1)
     return Weight16(blocks, (n, k), fmt)
+
+
+def _rows16(w: Weight16, ids: np.ndarray) -> np.ndarray:
+    """The uint16 rows `ids` of a 16-bit `w`'s [out, in] matrix: row j's input i sits at
+    blocks[j // PANEL, i, j % PANEL], or in `PAIRS` at [i // 2, j % PANEL, i % 2] of its panel viewed as
+    [in/2][32][2]."""
+    k = w.rows[1]
+    if w.fmt != PAIRS:
+        return np.ascontiguousarray(w.blocks[ids // PANEL, :k, ids % PANEL])
+    paired = w.blocks.reshape(len(w.blocks), -1, PANEL, 2)  # [panels][kp/2][32][2]
+    return np.ascontiguousarray(paired[ids // PANEL, :, ids % PANEL].reshape(len(ids), -1)[:, :k])
 
 
 def quantize(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -362,11 +381,10 @@ class HalfBackend(NumpyBackend):
         super().__init__("float32")
         _check_isa_cap()
         name = str(dtype).removeprefix("torch.").removeprefix("numpy.")
-        if name not in FORMATS:
+        if name not in DTYPES:
             raise ValueError(f"half backend: option dtype={dtype!r} is not supported (choose float16, "
                              "bfloat16, int8 or q4)")
         self.fmt = name
-        self._code = FORMATS[name]
         if head is not None and name != "q4":
             raise ValueError(f"half backend: option head={head!r} applies to dtype=q4 only")
         if name == "q4" and head not in (None, "q4", "int8"):
@@ -379,10 +397,14 @@ class HalfBackend(NumpyBackend):
         if inputs not in (None, *INPUTS, INPUTS_BF16):
             raise ValueError(f"half backend: option inputs={inputs!r} is not supported (choose blocks or "
                              "rows; bfloat16 with dtype=bfloat16)")
-        #: bfloat16's products on bfloat16 inputs (`INPUTS_BF16`)
-        self.in16 = inputs == INPUTS_BF16
+        #: bfloat16's products on bfloat16 inputs (`INPUTS_BF16`), where the CPU has a path for them: its
+        #: weights are then held in pairs (`PAIRS`), the format that says so to the kernels
+        self.in16 = inputs == INPUTS_BF16 and _KERNELS is not None and bool(_KERNELS.bf16_products()[0])
+        #: the format the weights are held in (the embeddings' and LM head's: `head_fmt`)
+        self.weight_fmt = PAIRS if self.in16 else name
         if self.in16:
-            self._code |= FMT_IN16
+            self.head_fmt = PAIRS
+        self._code = FORMATS[self.weight_fmt]
         #: int8's inputs quantized by row (`INPUTS`), in every product (the LM head's too)
         self.by_row = inputs == "rows"
         if self.by_row:
@@ -422,7 +444,7 @@ class HalfBackend(NumpyBackend):
     def prepare_weight(self, name: str, a: np.ndarray) -> Any:
         if name.endswith(LINEAR):  # [in, out] as the file has it: pack the transpose
             _check_range(name, a, self.fmt)
-            return pack(a.T, self.fmt)
+            return pack(a.T, self.weight_fmt)
         if name in EMBEDDINGS:  # [V, C] is [out, in] already
             _check_range(name, a, self.head_fmt)
             return pack(a, self.head_fmt)
@@ -633,8 +655,7 @@ class HalfBackend(NumpyBackend):
 
     def _code_of(self, w: Weight16) -> int:
         """The kernel's format code for a product by `w`, with this backend's input options."""
-        code = FORMATS[w.fmt] | (FMT_ROWS if self.by_row and w.fmt == "int8" else 0)
-        return code | (FMT_IN16 if self.in16 and w.fmt == "bfloat16" else 0)
+        return FORMATS[w.fmt] | (FMT_ROWS if self.by_row and w.fmt == "int8" else 0)
 
     def _blas_rows(self, x: np.ndarray, w: Weight16, y: np.ndarray, j0: int, j1: int) -> None:
         """y[:, j0:j1] = x @ rows j0 .. j1 - 1 of w, unpacked to float32 `UNPACK_BYTES` at a time."""
@@ -665,10 +686,7 @@ class HalfBackend(NumpyBackend):
             return _int8_rows(w, np.arange(j0, j1)) * w.scales()[j0:j1, None]
         if w.fmt == "q4":
             return q4_rows(w.blocks, np.arange(j0, j1), k)
-        p0 = j0 // PANEL
-        part = w.blocks[p0 : -(-j1 // PANEL), :k].transpose(0, 2, 1).reshape(-1, k)
-        got = np.ascontiguousarray(part[j0 - p0 * PANEL : j1 - p0 * PANEL])
-        return from_bits(got, w.fmt)
+        return from_bits(_rows16(w, np.arange(j0, j1)), w.fmt)
 
 
 def _to_kv16(a: np.ndarray) -> np.ndarray:

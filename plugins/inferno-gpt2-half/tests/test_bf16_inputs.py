@@ -20,7 +20,12 @@ import inferno_half.backend as hb
 KERNELS = hb._KERNELS
 pytestmark = pytest.mark.skipif(KERNELS is None, reason="the C kernels are not built")
 BF16 = hb.FORMATS["bfloat16"]
-IN16 = BF16 | hb.FMT_IN16
+IN16 = hb.FORMATS[hb.PAIRS]  # bfloat16 weights in input pairs: their products take bfloat16 inputs
+
+
+def _both(w: np.ndarray) -> tuple[hb.Weight16, hb.Weight16]:
+    """w packed for bfloat16 inputs (in pairs) and for float32 inputs."""
+    return hb.pack(w, hb.PAIRS), hb.pack(w, "bfloat16")
 
 
 @pytest.fixture(params=["AMX-BF16", "AVX512-BF16"])
@@ -49,7 +54,7 @@ def test_product_is_float32_sums_of_the_bfloat16_operands(bf16_kernels, m, n, k)
     x = rng.standard_normal((m, k)).astype(np.float32)
     w = (rng.standard_normal((n, k)) * 0.1).astype(np.float32)
     b = rng.standard_normal(n).astype(np.float32)
-    y = _product(x, hb.pack(w, "bfloat16"), n, b, IN16)
+    y = _product(x, hb.pack(w, hb.PAIRS), n, b, IN16)
     xr, wr = _bf16(x), _bf16(w)
     want = xr @ wr.T + b
     bound = 2.0**-23 * (k + 1) * (np.abs(xr) @ np.abs(wr).T + np.abs(b))
@@ -59,7 +64,7 @@ def test_product_is_float32_sums_of_the_bfloat16_operands(bf16_kernels, m, n, k)
 def test_the_gelu_and_no_bias_ends(bf16_kernels):
     rng = np.random.default_rng(3)
     x = rng.standard_normal((20, 96)).astype(np.float32)
-    w = hb.pack((rng.standard_normal((70, 96)) * 0.3).astype(np.float32), "bfloat16")
+    w = hb.pack((rng.standard_normal((70, 96)) * 0.3).astype(np.float32), hb.PAIRS)
     plain = _product(x, w, 70, None, IN16)
     np.testing.assert_allclose(_product(x, w, 70, None, IN16, gelu=True), _gelu64(plain.astype(np.float64)),
                                rtol=1e-5, atol=1e-6)
@@ -68,13 +73,13 @@ def test_the_gelu_and_no_bias_ends(bf16_kernels):
 def test_a_row_gets_the_same_bits_in_any_batch_and_thread_count(bf16_kernels):
     rng = np.random.default_rng(4)
     x = rng.standard_normal((40, 768)).astype(np.float32)
-    w = hb.pack((rng.standard_normal((300, 768)) * 0.05).astype(np.float32), "bfloat16")
+    w, plain = _both((rng.standard_normal((300, 768)) * 0.05).astype(np.float32))
     b = rng.standard_normal(300).astype(np.float32)
     batch = _product(x, w, 300, b, IN16, threads=2)
     for i in (0, 7, 39):
         np.testing.assert_array_equal(_product(x[i : i + 1], w, 300, b, IN16, threads=1)[0], batch[i])
     np.testing.assert_array_equal(_product(x[5:30], w, 300, b, IN16, threads=1), batch[5:30])
-    exact = _product(x, w, 300, b, BF16)  # float32 inputs: within bfloat16's rounding of the inputs
+    exact = _product(x, plain, 300, b, BF16)  # float32 inputs: within bfloat16's rounding of the inputs
     assert not np.array_equal(batch, exact)
     np.testing.assert_allclose(batch, exact, rtol=0, atol=1e-2 * np.abs(exact).max())
 
@@ -84,11 +89,13 @@ def test_without_the_path_the_option_changes_nothing():
         pytest.skip("CPU lacks AVX2, FMA or F16C")
     rng = np.random.default_rng(5)
     x = rng.standard_normal((30, 64)).astype(np.float32)
-    w = hb.pack(rng.standard_normal((40, 64)).astype(np.float32), "bfloat16")
+    w, plain = _both(rng.standard_normal((40, 77)).astype(np.float32))
+    x = np.ascontiguousarray(np.pad(x, ((0, 0), (0, 13))))
     try:
         KERNELS.force_avx2(1)
         assert KERNELS.bf16_products() == ("", "a lesser path than AVX-512 runs")
-        np.testing.assert_array_equal(_product(x, w, 40, None, IN16), _product(x, w, 40, None, BF16))
+        # (weights paired while a path ran: unpaired again, float32 inputs, the same bits)
+        np.testing.assert_array_equal(_product(x, w, 40, None, IN16), _product(x, plain, 40, None, BF16))
     finally:
         KERNELS.force_avx2(0)
 
@@ -127,11 +134,11 @@ def test_the_fused_calls_take_bfloat16_inputs(bf16_kernels, t):
     rng = np.random.default_rng(t)
     be = hb.HalfBackend("bfloat16", inputs="bfloat16", threads=2)
     x = rng.standard_normal((1, t, c)).astype(np.float32)
-    w_attn, w_proj = (hb.pack((rng.standard_normal(s) * 0.3).astype(np.float32), "bfloat16")
-                      for s in ((3 * c, c), (c, c)))
+    (w_attn, plain_attn), (w_proj, plain_proj) = (_both((rng.standard_normal(s) * 0.3).astype(np.float32))
+                                                  for s in ((3 * c, c), (c, c)))
     b_attn, b_proj = (rng.standard_normal(n).astype(np.float32) for n in (3 * c, c))
     want = _composed(be, x, w_attn, b_attn, w_proj, b_proj, n_head, IN16)
-    other = _composed(be, x, w_attn, b_attn, w_proj, b_proj, n_head, BF16)
+    other = _composed(be, x, plain_attn, b_attn, plain_proj, b_proj, n_head, BF16)
     scale = np.abs(want).max()
     kv = be.new_kv_cache(1, n_head, t, c // n_head)
     fused, _ = be.self_attention(x, w_attn, b_attn, w_proj, b_proj, kv, 0, n_head)
@@ -144,8 +151,8 @@ def test_the_fused_calls_take_bfloat16_inputs(bf16_kernels, t):
         off = np.abs(got - want).max(axis=-1)[0] > 1e-5 * scale
         assert off.sum() <= max(1, t // 50) and np.abs(got - want).max() <= 2e-2 * scale
         assert np.abs(got - other).max() > 1e-4 * scale
-    w_fc = hb.pack((rng.standard_normal((4 * c, c)) * 0.3).astype(np.float32), "bfloat16")
-    w_p2 = hb.pack((rng.standard_normal((c, 4 * c)) * 0.3).astype(np.float32), "bfloat16")
+    w_fc = hb.pack((rng.standard_normal((4 * c, c)) * 0.3).astype(np.float32), hb.PAIRS)
+    w_p2 = hb.pack((rng.standard_normal((c, 4 * c)) * 0.3).astype(np.float32), hb.PAIRS)
     b_fc, b_p2 = rng.standard_normal(4 * c).astype(np.float32), rng.standard_normal(c).astype(np.float32)
     hidden = _product(x[0], w_fc, 4 * c, b_fc, IN16, gelu=True)
     np.testing.assert_array_equal(be.mlp(x, w_fc, b_fc, w_p2, b_p2)[0], _product(hidden, w_p2, c, b_p2, IN16))
@@ -200,3 +207,47 @@ def test_a_llama_model_with_bfloat16_inputs(bf16_kernels, variant, monkeypatch):
     exact = from_state_dict(config, sd, hb.HalfBackend("bfloat16", threads=2)).forward(ids)
     assert not np.array_equal(fast, exact)
     np.testing.assert_allclose(fast, exact, rtol=0, atol=1e-2 * np.abs(exact).max())
+
+
+@pytest.mark.parametrize("n, k", [(70, 77), (32, 64), (5, 1)])
+def test_weights_in_pairs_hold_the_same_values(n, k, monkeypatch):
+    # The paired layout (odd k, a partial panel, k padded to whole tiles) read back by every reader: the C
+    # unpack (the embedding's gather, a weight's host copy), unpack_t (BLAS's operand) and NumPy's fallbacks.
+    w = np.random.default_rng(n + k).standard_normal((n, k)).astype(np.float32)
+    pairs, plain = _both(w)
+    assert pairs.blocks.shape == (-(-n // hb.PANEL), hb.kpad(k), hb.PANEL)
+    want = hb.from_bits(hb.to_bits(w, "bfloat16"), "bfloat16")
+    be = hb.HalfBackend("bfloat16", threads=1)
+    ids = np.array([[n - 1, 0], [n // 2, n - 1]])
+    np.testing.assert_array_equal(be._unpack(pairs, 0, n), want)
+    np.testing.assert_array_equal(pairs.row_values(ids), want[ids])
+    count = len(pairs.blocks)
+    got_t, plain_t = (np.empty((k, count * hb.PANEL), np.float32) for _ in range(2))
+    assert KERNELS.unpack_t(pairs.blocks, n, 0, count, k, got_t, IN16, 1)
+    assert KERNELS.unpack_t(plain.blocks, n, 0, count, k, plain_t, BF16, 1)
+    np.testing.assert_array_equal(got_t, plain_t)
+    monkeypatch.setattr(hb, "_KERNELS", None)  # NumPy's readers of the layout
+    np.testing.assert_array_equal(be._unpack(pairs, 1, n), want[1:])
+    np.testing.assert_array_equal(pairs.row_values(ids), want[ids])
+
+
+def test_the_backend_holds_its_weights_in_pairs_where_a_path_runs(bf16_kernels):
+    be = hb.HalfBackend("bfloat16", inputs="bfloat16", threads=1)
+    w = np.random.default_rng(9).standard_normal((48, 96)).astype(np.float32)
+    assert be.prepare_weight("h.0.mlp.c_fc.weight", np.asfortranarray(w.T)).fmt == hb.PAIRS
+    assert be.prepare_weight("wte.weight", w).fmt == hb.PAIRS
+    assert be._code == IN16
+
+
+def test_without_a_path_the_weights_stay_as_bfloat16(monkeypatch):
+    class NoPath:  # the kernels of a CPU without a bfloat16 path
+        def __getattr__(self, name):
+            return getattr(KERNELS, name)
+
+        def bf16_products(self):
+            return "", "CPU lacks AVX512-BF16"
+
+    monkeypatch.setattr(hb, "_KERNELS", NoPath())
+    be = hb.HalfBackend("bfloat16", inputs="bfloat16", threads=1)
+    w = np.random.default_rng(9).standard_normal((48, 96)).astype(np.float32)
+    assert be.prepare_weight("wte.weight", w).fmt == "bfloat16" and be._code == BF16
