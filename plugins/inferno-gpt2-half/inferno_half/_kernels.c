@@ -2540,11 +2540,17 @@ XAMXB static int product_in16_amx(const float *x, int64_t m, int64_t k, const ui
     uint16_t *xb = aligned_alloc(64, (size_t)(mp * kp * 2));
     if (!xb) return -1;
     rows_to_bf16(x, m, k, mp, kp, xb);
+    /* Fewer than 16 rows: the tiles of rows (A 0, 1; sums 4 to 7) hold only those, so that a decode step's
+       tiles load and multiply no padding (each output's sum is the same chain) */
+    struct amx_config config __attribute__((aligned(64))) = AMX_FULL_CONFIG;
+    if (m < 16)
+        for (int t = 0; t < 8; t++)
+            if (t != 2 && t != 3) config.rows[t] = (uint8_t)m;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) num_threads((int)workers) if (workers > 1 && tasks > 1)
 #endif
     for (int64_t t = 0; t < tasks; t++) {
-        _tile_loadconfig(&AMX_FULL_CONFIG);
+        _tile_loadconfig(&config);
         for (int64_t p = t * TASK; p < min64(count, (t + 1) * TASK); p++)
             in16_panel_amx(xb, m, mp, kp, w + p * kp * PANEL, b, y, n, p * PANEL, act);
         _tile_release();
