@@ -23,7 +23,8 @@ What it measures, side by side in one run, rounds interleaved (llama.cpp format 
 * **16 sequences, aggregate decode tok/s** (and as many more as --sequences lists: ``16,32``):
   llama-batched-bench ``-npp P -ntg N -npl 16`` (its S_TG) against inferno's `Engine` with 16 sequences
   of P-token prompts (all prefilled in one step, untimed) decoding N tokens each: decoded tokens over the
-  time of the decode steps (P, N: --batched-prompt, --batched-new).
+  time of the decode steps (P, N: --batched-prompt, --batched-new). The engine's KV slots hold P + N
+  positions each (llama.cpp's cache is sized to the batch too).
 * **the bandwidth floor** of inferno's batch-1 decode: the bytes a step reads (every weight as the backend
   holds it, the tied embedding once as the LM head, plus the KV cache up to the mean position) over the
   read bandwidth (NumPy's max over a 1 GiB buffer on `--threads` threads, best of 3, probed right before
@@ -277,10 +278,21 @@ def inferno_decode(model) -> float:
 def inferno_batched(model, prompt: int, new: int, seqs: int = SEQS) -> float:
     """Aggregate decode tok/s of `seqs` sequences of `prompt`-token prompts through the engine, `new` new
     tokens each (the prefill step, which also picks each first token, untimed)."""
+    from dataclasses import replace
+
     from inferno.bench import prompt_ids
     from inferno.engine import Engine
+    from inferno.kv import new_slots
 
-    engine = Engine(model, slots=seqs, prefill_chunk=prompt * seqs, autostart=False)
+    # Slots of prompt + new positions, not the whole context: llama-batched-bench's cache holds
+    # max(CONTEXT, seqs * (prompt + new)) cells for all its sequences, and 32 slots of the XL shape's
+    # whole context would take 40 GB in float32.
+    short = replace(model.config, n_positions=prompt + new)
+    model.new_slots = lambda n: new_slots(model.kernels, short, n)
+    try:
+        engine = Engine(model, slots=seqs, prefill_chunk=prompt * seqs, autostart=False)
+    finally:
+        del model.new_slots
     vocab = model.config.vocab_size
     handles = [engine.submit(prompt_ids(prompt, vocab, seed=100 + i), new) for i in range(seqs)]
     engine.step()
