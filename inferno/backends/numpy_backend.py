@@ -15,6 +15,7 @@ unchanged (docs/benchmarks.md).
 from __future__ import annotations
 
 import math
+import mmap
 from numbers import Integral
 
 import numpy as np
@@ -28,6 +29,18 @@ _TRANSPOSED = ("attn.c_proj.weight", "mlp.c_proj.weight", "wte.weight", "lm_head
                # The Llama family's [in, out] projections in Fortran order are the file's own row-major
                # [out, in] (read with no transposing copy); its embedding as GPT-2's wte.
                "_proj.weight", "embed_tokens.weight")
+
+
+def kv_zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """A zero-filled KV cache array whose memory the OS provides page by page as it is written, so that a
+    slot costs what its sequences reach. np.zeros asks for transparent huge pages (NumPy madvises them on
+    arrays of 4 MB and more): writing a sequence's first tokens into each head of a slot then made 2 MB at a
+    time resident, most of the slot at once. An anonymous mmap gets small pages (where the kernel's THP mode
+    is madvise, the default) and is zero until written."""
+    nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+    if nbytes < mmap.PAGESIZE:
+        return np.zeros(shape, dtype)
+    return np.frombuffer(mmap.mmap(-1, nbytes), dtype).reshape(shape)
 
 
 class NumpyBackend(Backend):
@@ -98,7 +111,7 @@ class NumpyBackend(Backend):
 
     def new_kv_cache(self, batch, n_head, length, head_dim):
         shape = (batch, n_head, length, head_dim)
-        return np.zeros(shape, self.dtype), np.zeros(shape, self.dtype)
+        return kv_zeros(shape, self.dtype), kv_zeros(shape, self.dtype)
 
     def write_kv(self, k_cache, v_cache, k, v, offset):
         t = k.shape[2]

@@ -60,7 +60,7 @@ from typing import Any
 
 import numpy as np
 from inferno.backends.hookspecs import hookimpl
-from inferno.backends.numpy_backend import NumpyBackend
+from inferno.backends.numpy_backend import NumpyBackend, kv_zeros
 from inferno.cpu import MAX_THREADS, blas_threads, resolve_threads
 
 from inferno_half.q4 import pack_q4, q4_rows
@@ -452,7 +452,7 @@ class HalfBackend(NumpyBackend):
 
     def new_kv_cache(self, batch, n_head, length, head_dim):
         shape = (batch, n_head, length, head_dim)
-        return np.zeros(shape, self.kv_dtype), np.zeros(shape, self.kv_dtype)
+        return kv_zeros(shape, self.kv_dtype), kv_zeros(shape, self.kv_dtype)
 
     def write_kv(self, k_cache, v_cache, k, v, offset):
         if k_cache.dtype == np.float16:

@@ -274,3 +274,30 @@ def test_a_sequence_whose_key_overflows_fails_alone_in_the_engine():
     with pytest.raises(BackendError, match=r"kv=float16: a key or value is beyond float16's range \(65504\)"):
         handles[1].result()
     assert [handles[0].result().ids, handles[2].result().ids] == alone
+
+
+@pytest.mark.parametrize("kv", ["float32", "float16"])
+def test_a_slot_takes_memory_as_its_sequences_reach(kv):
+    # The caches come from the core's kv_zeros (small pages, zero until written), not np.zeros (NumPy
+    # madvises huge pages on 4 MB and more: a slot's first tokens then made most of it resident). A
+    # ragged step of 4-token rows into 2 slots of a 32-head layer (16384 positions: 64 MB or more an array,
+    # beyond malloc's largest mmap threshold, so fresh pages) touches a page a head, not 2 MB.
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("reads /proc/self/statm (Linux)")
+    from inferno.backends.base import RaggedRow
+
+    def rss() -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * 4096
+
+    be = hb.HalfBackend("int8", kv=kv, threads=2)
+    slots = [be.new_kv_cache(1, 32, 16384, 64) for _ in range(2)]
+    assert all(a.dtype == np.dtype(kv) and not a.any() for kc in slots for a in kc)
+    rng = np.random.default_rng(0)
+    k, v = (rng.standard_normal((1, 32, 8, 64)).astype(np.float32) for _ in range(2))
+    q = rng.standard_normal((1, 32, 8, 64)).astype(np.float32)
+    before = rss()
+    be.ragged_gqa_attention(q, k, v, slots, [RaggedRow(s, 0, 4 * s, 4) for s in range(2)])
+    assert rss() - before < 4 << 20  # (huge pages: 2 slots x 2 arrays x 32 heads x 2 MB)
