@@ -285,8 +285,7 @@ def inferno_batched(model, prompt: int, new: int, seqs: int = SEQS) -> float:
     from inferno.kv import new_slots
 
     # Slots of prompt + new positions, not the whole context: llama-batched-bench's cache holds
-    # max(CONTEXT, seqs * (prompt + new)) cells for all its sequences, and 32 slots of the XL shape's
-    # whole context would take 40 GB in float32.
+    # max(CONTEXT, seqs * (prompt + new)) cells for all its sequences.
     short = replace(model.config, n_positions=prompt + new)
     model.new_slots = lambda n: new_slots(model.kernels, short, n)
     try:
