@@ -1084,8 +1084,8 @@ struct amx_config {
     uint16_t colsb[16];
     uint8_t rows[16];
 };
-static const struct amx_config __attribute__((aligned(64))) AMX_FULL_CONFIG = {1, 0, {0}, {64, 64, 64, 64, 64, 64, 64, 64},
-                                                   {16, 16, 16, 16, 16, 16, 16, 16}};
+static const struct amx_config __attribute__((aligned(64))) AMX_FULL_CONFIG = {
+    1, 0, {0}, {64, 64, 64, 64, 64, 64, 64, 64}, {16, 16, 16, 16, 16, 16, 16, 16}};
 
 X512 static inline __m512 exp16(__m512 x);
 
@@ -1531,7 +1531,10 @@ static void unpack_t(const uint16_t *w, int64_t k, int64_t p0, int64_t p1, float
         for (int64_t p = p0; p < p1; p++) {
             float *out = dst + i * cols + (p - p0) * PANEL;
 #if HAVE_X86
-            if (simd && (fmt == FMT_F16 || fmt == FMT_BF16)) { widen32_x86(w + elem_at(p, i, 0, k, fmt), out, fmt); continue; }
+            if (simd && (fmt == FMT_F16 || fmt == FMT_BF16)) {
+                widen32_x86(w + elem_at(p, i, 0, k, fmt), out, fmt);
+                continue;
+            }
 #endif
             if (fmt == FMT_Q4) {
                 for (int j = 0; j < PANEL; j++) out[j] = q4_at(w, p, i, j, k);
@@ -3877,7 +3880,8 @@ static PyMethodDef functions[] = {
      "amx_rows(rows) -> rows: int8 products of at least `rows` rows run on AMX tiles where the CPU and OS "
      "allow (0: never, nor any other tiles; negative: the default)."},
     {"amx_support", py_amx_support, METH_NOARGS,
-     "amx_support() -> '' where AMX int8 tiles can run, else why not (the CPU, the OS, the kernel, or a lesser path forced)."},
+     "amx_support() -> '' where AMX int8 tiles can run, else why not (the CPU, the OS, the kernel, or a lesser "
+     "path forced)."},
     {"amx_bf16_support", py_amx_bf16_support, METH_NOARGS,
      "amx_bf16_support() -> '' where attention(..., bf16=True) runs on AMX-BF16 tiles, else why not."},
     {"bf16_products", py_bf16_products, METH_NOARGS,
