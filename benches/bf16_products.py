@@ -6,8 +6,8 @@ tiles where the CPU has them), side by side in ONE run (#44: bfloat16 dot produc
 Random weights of the GPT-2 124M shape's four products (seeded), m = 1, 16, 96 and 1000 rows: each round
 times both, in turn, each the best of `--repeat` calls of `_kernels.matmul`; the table shows the medians
 over rounds, GFLOP/s, and the median (range) of the per-round ratios float32 time / bfloat16 time (above 1:
-bfloat16 inputs are faster), and which path ran. Where the CPU has neither path the script says why and
-stops.
+bfloat16 inputs are faster), and which path ran; where AMX-BF16 runs, a last line says how many outputs it
+and VDPBF16PS give different bits for. Where the CPU has neither path the script says why and stops.
 """
 
 from __future__ import annotations
@@ -66,7 +66,31 @@ def main(argv: list[str] | None = None) -> int:
                      for t in (f32, b16)]
             print(f"| {name} | {m} | {cells[0]} | {cells[1]} | {statistics.median(ratios):.2f}x "
                   f"({min(ratios):.2f}-{max(ratios):.2f}) |")
+    if path == "AMX-BF16":
+        print(_paths_agree(hb, kernels, args.threads))
     return 0
+
+
+def _paths_agree(hb, kernels, threads: int) -> str:
+    """Where AMX-BF16 runs: how many outputs of 16 rows its tiles and VDPBF16PS (AMX switched off) give
+    the same bits for (why a row cannot take one path alone and the other batched)."""
+    rng = np.random.default_rng(1)
+    lines = []
+    for name in ("c_attn 768->2304", "c_proj 3072->768"):
+        k, n = SHAPES[name]
+        w = hb.pack((rng.standard_normal((n, k)) * 0.05).astype(np.float32), hb.PAIRS)
+        x = rng.standard_normal((16, k)).astype(np.float32)
+        ys = []
+        for rows in (-1, 0):  # the default threshold (AMX), then AMX off
+            kernels.amx_rows(rows)
+            y = np.empty((16, n), np.float32)
+            kernels.matmul(x, w.blocks, n, None, y, hb.FORMATS[hb.PAIRS], threads, False)
+            ys.append(y)
+        kernels.amx_rows(-1)
+        differ = ys[0] != ys[1]
+        lines.append(f"{name}: {differ.mean():.0%} of the outputs differ, by up to "
+                     f"{np.abs(ys[0] - ys[1]).max():.1e} (outputs up to {np.abs(ys[0]).max():.1f})")
+    return "\nAMX-BF16 against VDPBF16PS, 16 rows: " + "; ".join(lines)
 
 
 if __name__ == "__main__":
