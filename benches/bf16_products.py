@@ -15,9 +15,11 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
+from functools import partial
 
 import numpy as np
+
+from inferno.bench import best_time
 
 SHAPES = {"c_attn 768->2304": (768, 2304), "c_fc 768->3072": (768, 3072), "c_proj 3072->768": (3072, 768),
           "lm_head 768->50257": (768, 50257)}
@@ -53,12 +55,9 @@ def main(argv: list[str] | None = None) -> int:
             times: dict[str, list[float]] = {c: [] for c in codes}
             for _ in range(args.rounds):
                 for label, fmt in codes.items():
-                    best, blocks, code = float("inf"), packed[fmt].blocks, hb.FORMATS[fmt]
-                    for _ in range(args.repeat):
-                        start = time.perf_counter()
-                        kernels.matmul(x, blocks, n, None, y, code, args.threads, False)
-                        best = min(best, time.perf_counter() - start)
-                    times[label].append(best)
+                    call = partial(kernels.matmul, x, packed[fmt].blocks, n, None, y, hb.FORMATS[fmt],
+                                   args.threads, False)
+                    times[label].append(best_time(call, args.repeat))
             f32, b16 = times["float32 inputs"], times["bfloat16 inputs"]
             ratios = [a / b for a, b in zip(f32, b16, strict=True)]
             flop = 2 * m * n * k

@@ -27,22 +27,14 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 
 import numpy as np
+
+from inferno.bench import best_time
 
 SHAPES = {"c_attn 768->2304": (768, 2304), "c_fc 768->3072": (768, 3072), "c_proj 3072->768": (3072, 768),
           "lm_head 768->50257": (768, 50257)}
 ROWS = (1, 16, 96, 1000)
-
-
-def _best(call, repeat: int) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        start = time.perf_counter()
-        call()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def _onednn_calls(torch, m: int, k: int, n: int, rng: np.random.Generator):
@@ -127,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             times: dict[str, list[float]] = {c: [] for c in calls}
             for _ in range(args.rounds):
                 for label, call in calls.items():
-                    times[label].append(_best(call, repeat))
+                    times[label].append(best_time(call, repeat))
             flop = 2 * m * n * k
             cells = []
             for kind in ("int8", "bf16"):

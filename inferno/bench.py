@@ -23,7 +23,7 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -78,6 +78,17 @@ def time_generation(model: Any, ids: Sequence[int], new_tokens: int) -> tuple[fl
     later = sum(1 for _ in stream)
     end = time.perf_counter()
     return first - start, ((end - first) / later if later else None)
+
+
+def best_time(call: Callable[[], object], repeat: int) -> float:
+    """The least of `repeat` wall-clock timings of call(), in seconds (a kernel's time without the
+    machine's hiccups)."""
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        call()
+        best = min(best, time.perf_counter() - start)
+    return best
 
 
 def time_prefill(model: Any, ids: Sequence[int]) -> float:
