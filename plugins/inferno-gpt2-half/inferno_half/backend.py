@@ -389,7 +389,6 @@ class HalfBackend(NumpyBackend):
             raise ValueError(f"half backend: option head={head!r} applies to dtype=q4 only")
         if name == "q4" and head not in (None, "q4", "int8"):
             raise ValueError(f"half backend: option head={head!r} is not supported (choose q4 or int8)")
-        self.head_fmt = (head or HEAD_DEFAULT) if name == "q4" else name
         if inputs == INPUTS_BF16 and name != "bfloat16":
             raise ValueError(f"half backend: option inputs={inputs!r} applies to dtype=bfloat16 only")
         if inputs not in (None, INPUTS_BF16) and name != "int8":
@@ -400,10 +399,9 @@ class HalfBackend(NumpyBackend):
         #: bfloat16's products on bfloat16 inputs (`INPUTS_BF16`), where the CPU has a path for them: its
         #: weights are then held in pairs (`PAIRS`), the format that says so to the kernels
         self.in16 = inputs == INPUTS_BF16 and _KERNELS is not None and bool(_KERNELS.bf16_products()[0])
-        #: the format the weights are held in (the embeddings' and LM head's: `head_fmt`)
+        #: the format the weights are held in, and the embeddings' and LM head's (q4's own: `head`)
         self.weight_fmt = PAIRS if self.in16 else name
-        if self.in16:
-            self.head_fmt = PAIRS
+        self.head_fmt = (head or HEAD_DEFAULT) if name == "q4" else self.weight_fmt
         self._code = FORMATS[self.weight_fmt]
         #: int8's inputs quantized by row (`INPUTS`), in every product (the LM head's too)
         self.by_row = inputs == "rows"
